@@ -1,0 +1,29 @@
+"""Executor identity validation (before any database access)."""
+
+from __future__ import annotations
+
+from .errors import InvalidIdentity
+from .models import ExecutorIdentity
+
+EXECUTOR_PLUGINS = ("goworkflows", "temporal")
+
+
+def validate_identity(identity: ExecutorIdentity) -> None:
+    if not isinstance(identity, ExecutorIdentity):
+        raise InvalidIdentity(f"expected an ExecutorIdentity, got {type(identity).__name__}")
+    plugin = identity.executor_plugin
+    if plugin == "goworkflows":
+        if identity.temporal_address or identity.temporal_namespace:
+            raise InvalidIdentity(
+                "goworkflows identity must not contain a Temporal address or namespace"
+            )
+    elif plugin == "temporal":
+        if not identity.temporal_address.strip() or not identity.temporal_namespace.strip():
+            raise InvalidIdentity("temporal identity requires a non-blank address and namespace")
+    else:
+        raise InvalidIdentity(
+            f"unknown executor plugin {plugin!r} (expected one of: {', '.join(EXECUTOR_PLUGINS)})"
+        )
+    for name in ("executor_plugin", "temporal_address", "temporal_namespace"):
+        if "\x00" in getattr(identity, name):
+            raise InvalidIdentity(f"{name} must not contain NUL characters")

@@ -1,0 +1,101 @@
+"""One timestamp column type: aware UTC in, aware UTC out, microsecond precision.
+
+PostgreSQL stores ``TIMESTAMP WITH TIME ZONE``. SQLite has no time type, so the
+column is declared ``DATETIME`` (as relay-flow's Go releases declared it) and
+holds text in one fixed-width layout, ``YYYY-MM-DD HH:MM:SS.ffffff+00:00``:
+every stored value has the same offset and width, so text order is time order
+and ``ORDER BY`` / ``finished_at < ?`` are correct on the stored text.
+
+Reading accepts every text form older releases wrote (Go's
+``2006-01-02 15:04:05.999999999-07:00``: nanoseconds, trimmed fractions, no
+fraction, any offset); the adoption migration rewrites such values into the
+canonical layout so that they sort.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import types
+from sqlalchemy.dialects import postgresql
+from sqlalchemy.engine import Dialect
+
+
+def require_aware(value: datetime, what: str = "timestamp") -> datetime:
+    """Return *value* converted to UTC; naive or unrepresentable values raise ValueError."""
+    if not isinstance(value, datetime):
+        raise TypeError(f"{what} must be a datetime, not {type(value).__name__}")
+    if value.tzinfo is None or value.utcoffset() is None:
+        raise ValueError(f"{what} must be timezone-aware, got naive {value.isoformat()}")
+    try:
+        return value.astimezone(UTC)
+    except OverflowError as exc:
+        raise ValueError(f"{what} {value.isoformat()} is outside the representable range") from exc
+
+
+def to_storage_text(value: datetime) -> str:
+    """Canonical SQLite text for an aware UTC datetime (fixed width, sortable)."""
+    return value.isoformat(sep=" ", timespec="microseconds")
+
+
+def parse_stored_text(text: str) -> datetime:
+    """Parse any text form relay-flow ever stored; the result is aware UTC.
+
+    Python 3.11's ``fromisoformat`` reads Go's layout, including nine-digit
+    fractions (truncated to microseconds) and ``+05:30`` offsets. A value
+    without an offset was written by a UTC-only writer and is read as UTC.
+    """
+    parsed = datetime.fromisoformat(text.strip())
+    if parsed.tzinfo is None:
+        return parsed.replace(tzinfo=UTC)
+    return parsed.astimezone(UTC)
+
+
+def normalize_stored_text(text: str | None) -> str | None:
+    """Rewrite a stored timestamp into the canonical layout (used by the adoption migration)."""
+    if text is None:
+        return None
+    return to_storage_text(parse_stored_text(text))
+
+
+class _SQLiteDateTimeText(types.UserDefinedType[str]):
+    """SQLite storage: declared DATETIME, values pass through as text unchanged."""
+
+    cache_ok = True
+
+    def get_col_spec(self, **kw: Any) -> str:
+        return "DATETIME"
+
+
+class UtcDateTime(types.TypeDecorator[datetime]):
+    """Aware-UTC timestamp column (see the module docstring)."""
+
+    impl = types.DateTime(timezone=True)
+    cache_ok = True
+
+    def load_dialect_impl(self, dialect: Dialect) -> types.TypeEngine[Any]:
+        if dialect.name == "sqlite":
+            return dialect.type_descriptor(_SQLiteDateTimeText())
+        if dialect.name == "postgresql":
+            return dialect.type_descriptor(postgresql.TIMESTAMP(timezone=True))
+        return dialect.type_descriptor(types.DateTime(timezone=True))
+
+    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> Any:
+        if value is None:
+            return None
+        utc = require_aware(value)
+        if dialect.name == "sqlite":
+            return to_storage_text(utc)
+        return utc
+
+    def process_result_value(self, value: Any, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        if isinstance(value, str):
+            return parse_stored_text(value)
+        if isinstance(value, datetime):
+            if value.tzinfo is None:
+                return value.replace(tzinfo=UTC)
+            return value.astimezone(UTC)
+        raise TypeError(f"unexpected stored timestamp {value!r}")
