@@ -17,7 +17,7 @@ from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from alembic.util import CommandError
 from sqlalchemy import func, literal, select
-from sqlalchemy.engine import Connection
+from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.pool import NullPool
 
 from .dialect import dialect_name
@@ -125,21 +125,36 @@ def _changes_revision(context: EnvironmentContext) -> bool:
         return False
 
 
+def _migrate(context: EnvironmentContext, connection: Connection) -> None:
+    script = context.script
+    with _migration_lock(connection):
+        require_known_revision(connection, script)
+        if _changes_revision(context):
+            adopt_unversioned(connection, script)
+        _configure(context, connection=connection)
+        with context.begin_transaction():
+            context.run_migrations()
+        if _changes_revision(context):
+            connection.commit()
+            _report_foreign_key_problems(connection)
+
+
 def _run_online(context: EnvironmentContext) -> None:
+    given = context.config.attributes.get("connection")
+    # A caller-provided connection or engine (pytest-alembic, an application
+    # that migrates on its own connection): its settings are the caller's.
+    if isinstance(given, Engine):
+        with given.connect() as connection:
+            _migrate(context, connection)
+        return
+    if given is not None:
+        _migrate(context, given)
+        return
     resolved = resolve_target(migration_url(context))
     engine = build_engine(resolved, foreign_keys=False, poolclass=NullPool)
-    script = context.script
     try:
-        with engine.connect() as connection, _migration_lock(connection):
-            require_known_revision(connection, script)
-            if _changes_revision(context):
-                adopt_unversioned(connection, script)
-            _configure(context, connection=connection)
-            with context.begin_transaction():
-                context.run_migrations()
-            if _changes_revision(context):
-                connection.commit()
-                _report_foreign_key_problems(connection)
+        with engine.connect() as connection:
+            _migrate(context, connection)
     finally:
         engine.dispose()
 

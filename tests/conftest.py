@@ -1,0 +1,201 @@
+"""Shared fixtures: every test that is not SQLite-specific runs on SQLite and PostgreSQL.
+
+``db_url`` is parametrized over both databases; each test gets a fresh SQLite
+file or a fresh PostgreSQL schema (``search_path`` set through the URL, so
+the Alembic chain and the repository run unqualified, as in production).
+
+PostgreSQL comes from ``$RELAY_FLOW_TEST_POSTGRES_URL`` or the machine's server
+on 127.0.0.1:5432 (user postgres, trust auth). Without a reachable server the
+PostgreSQL cases skip with the reason; with ``CI=true`` they fail instead.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from functools import cache
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+from alembic.config import Config as AlembicConfig
+from sqlalchemy.engine import Engine, make_url
+from sqlalchemy.pool import NullPool
+
+from relay_flow_projection import RunProjection, create_engine, upgrade
+from relay_flow_projection.engine import build_engine, resolve_target
+from relay_flow_projection.migrate import alembic_config as migration_config
+
+DEFAULT_POSTGRES_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
+TEST_DATABASE = "relay_flow_projection_test"
+DIALECTS = ("sqlite", "postgresql")
+
+
+def _admin_url() -> sa.URL:
+    return make_url(os.environ.get("RELAY_FLOW_TEST_POSTGRES_URL", DEFAULT_POSTGRES_URL))
+
+
+@cache
+def postgres_unavailable() -> str | None:
+    """None when the test database is reachable (created on first use), else the reason."""
+    admin = _admin_url()
+    try:
+        engine = sa.create_engine(admin, isolation_level="AUTOCOMMIT", poolclass=NullPool)
+        with engine.connect() as connection:
+            exists = connection.execute(
+                sa.text("SELECT 1 FROM pg_database WHERE datname = :name"), {"name": TEST_DATABASE}
+            ).first()
+            if exists is None:
+                connection.exec_driver_sql(f'CREATE DATABASE "{TEST_DATABASE}"')
+        engine.dispose()
+    except Exception as exc:  # any failure to reach the server is a reason to skip
+        return f"PostgreSQL at {admin.render_as_string()} is unreachable: {exc}".splitlines()[0]
+    return None
+
+
+def require_postgres() -> None:
+    reason = postgres_unavailable()
+    if reason is None:
+        return
+    if os.environ.get("CI", "").lower() == "true":
+        pytest.fail(f"CI=true but {reason}", pytrace=False)
+    pytest.skip(reason)
+
+
+def postgres_database_url() -> sa.URL:
+    return _admin_url().set(database=TEST_DATABASE)
+
+
+@dataclass
+class PostgresSchemas:
+    """Creates a schema per test and drops them all at the end of the session."""
+
+    created: list[str] = field(default_factory=list)
+
+    def new_url(self) -> str:
+        require_postgres()
+        schema = f"t_{uuid.uuid4().hex[:16]}"
+        base = postgres_database_url()
+        engine = sa.create_engine(base, isolation_level="AUTOCOMMIT", poolclass=NullPool)
+        with engine.connect() as connection:
+            connection.exec_driver_sql(f'CREATE SCHEMA "{schema}"')
+        engine.dispose()
+        self.created.append(schema)
+        url = base.update_query_dict({"options": f"-csearch_path={schema}"})
+        return url.render_as_string(hide_password=False)
+
+    def drop_all(self) -> None:
+        if not self.created or postgres_unavailable() is not None:
+            return
+        engine = sa.create_engine(
+            postgres_database_url(), isolation_level="AUTOCOMMIT", poolclass=NullPool
+        )
+        with engine.connect() as connection:
+            for schema in self.created:
+                connection.exec_driver_sql(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+        engine.dispose()
+
+
+@pytest.fixture(scope="session")
+def postgres_schemas() -> Iterator[PostgresSchemas]:
+    schemas = PostgresSchemas()
+    yield schemas
+    schemas.drop_all()
+
+
+@pytest.fixture(params=DIALECTS)
+def dialect(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+@pytest.fixture
+def db_url(dialect: str, tmp_path: Path, postgres_schemas: PostgresSchemas) -> str:
+    """An empty database of the parametrized dialect, as a target string."""
+    if dialect == "postgresql":
+        return postgres_schemas.new_url()
+    return str(tmp_path / "projection.db")
+
+
+@pytest.fixture
+def sqlite_path(tmp_path: Path) -> Path:
+    """An (absent) SQLite file for SQLite-only tests."""
+    return tmp_path / "projection.db"
+
+
+@pytest.fixture
+def postgres_url(postgres_schemas: PostgresSchemas) -> str:
+    """An empty PostgreSQL schema for PostgreSQL-only tests."""
+    return postgres_schemas.new_url()
+
+
+@pytest.fixture
+def migrated_url(db_url: str) -> str:
+    upgrade(db_url)
+    return db_url
+
+
+@pytest.fixture
+def engine(migrated_url: str) -> Iterator[Engine]:
+    engine = create_engine(migrated_url)
+    yield engine
+    engine.dispose()
+
+
+class FakeClock:
+    """A controllable clock for RunProjection(clock=...): starts at a fixed instant."""
+
+    def __init__(self, start: datetime | None = None) -> None:
+        self.now = start or datetime(2026, 3, 1, 12, 0, 0, 123456, tzinfo=UTC)
+
+    def __call__(self) -> datetime:
+        return self.now
+
+    def advance(self, **delta: float) -> datetime:
+        self.now += timedelta(**delta)
+        return self.now
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()
+
+
+@pytest.fixture
+def projection(engine: Engine, clock: FakeClock) -> RunProjection:
+    return RunProjection(engine, clock=clock)
+
+
+@pytest.fixture
+def table_rows(engine: Engine) -> Callable[[str], list[tuple[object, ...]]]:
+    """Raw rows of one table, ordered, for asserting 'nothing changed'."""
+
+    def read(table: str) -> list[tuple[object, ...]]:
+        metadata = sa.MetaData()
+        reflected = sa.Table(table, metadata, autoload_with=engine)
+        with engine.connect() as connection:
+            rows = connection.execute(sa.select(reflected).order_by(*reflected.primary_key))
+            return [tuple(row) for row in rows]
+
+    return read
+
+
+@pytest.fixture(params=DIALECTS)
+def alembic_engine(
+    request: pytest.FixtureRequest, tmp_path: Path, postgres_schemas: PostgresSchemas
+) -> Iterator[Engine]:
+    """pytest-alembic's engine, on both databases (foreign keys off on SQLite, as for migrations)."""
+    target = (
+        postgres_schemas.new_url() if request.param == "postgresql" else str(tmp_path / "a.db")
+    )
+    engine = build_engine(resolve_target(target), foreign_keys=False, poolclass=NullPool)
+    yield engine
+    engine.dispose()
+
+
+@pytest.fixture
+def alembic_config() -> AlembicConfig:
+    """pytest-alembic runs the packaged chain, as upgrade() does."""
+    return migration_config()
