@@ -37,7 +37,14 @@ def upgrade(target: Target, revision: str = "head") -> None:
     try:
         migrate.run_upgrade(target, revision)
     except DBAPIError as exc:
-        raise _translate_open_error(exc, resolved) from exc
+        error = _translate_open_error(exc, resolved)
+        if isinstance(error, NotAProjectionDatabase):
+            raise error from exc
+        # Each revision is its own transaction: a failure keeps the last completed one.
+        raise ProjectionError(
+            f"cannot upgrade {resolved.describe()} to {revision}: {exc.orig}; "
+            "the database stays at its last completed revision"
+        ) from exc
 
 
 _upgrade = upgrade  # open_projection's keyword argument shadows the name
@@ -100,7 +107,8 @@ def open_projection(
 def require_head(engine: Engine, resolved: ResolvedTarget) -> None:
     head = migrate.head_revision()
     try:
-        with engine.connect() as connection:
+        # A read: on SQLite it must not queue behind writers for the write lock.
+        with engine.execution_options(relay_read_only=True).connect() as connection:
             current = migrate.current_revision(connection)
     except DBAPIError as exc:
         raise _translate_open_error(exc, resolved) from exc

@@ -68,3 +68,30 @@ def read_only_view(engine: Engine) -> Engine:
     if dialect_name(engine.dialect) == "postgresql":
         return engine.execution_options(isolation_level="AUTOCOMMIT")
     return engine.execution_options(relay_read_only=True)
+
+
+# Lean transactions (repository._LeanTransaction) run on a bare pooled DBAPI
+# connection and must do by themselves what engine.py's listeners and
+# read_only_view() arrange for a SQLAlchemy Connection.
+SQLITE_BEGIN_WRITE = "BEGIN IMMEDIATE"
+
+
+def driver_write_begin(dialect: Dialect) -> str | None:
+    """The statement that opens a write transaction on a bare DBAPI connection.
+
+    SQLite: ``BEGIN IMMEDIATE``, as engine.py's ``begin`` listener emits (its
+    ``connect`` listener turned the sqlite3 module's own transactions off).
+    PostgreSQL: none, psycopg opens the transaction at the first statement.
+    """
+    return SQLITE_BEGIN_WRITE if dialect_name(dialect) == "sqlite" else None
+
+
+def driver_reads_in_autocommit(dialect: Dialect) -> bool:
+    """True when a bare DBAPI connection needs autocommit for a read (psycopg), as
+    read_only_view() gives a SQLAlchemy Connection; SQLite reads simply issue no BEGIN."""
+    return dialect_name(dialect) == "postgresql"
+
+
+def own_begin_listeners(dialect: Dialect) -> int:
+    """How many ``begin`` listeners engine.py installs: SQLite's BEGIN IMMEDIATE one."""
+    return 1 if dialect_name(dialect) == "sqlite" else 0

@@ -51,9 +51,9 @@ def resolve_target(target: Target) -> ResolvedTarget:
         return ResolvedTarget(url, path)
     if not isinstance(target, str | os.PathLike):
         raise TypeError(f"target must be a path or URL string, not {type(target).__name__}")
-    path = Path(os.fspath(target))
-    if not str(path):
+    if not os.fspath(target):
         raise ValueError("target must not be empty")
+    path = Path(os.fspath(target))
     return ResolvedTarget(URL.create("sqlite", database=str(path)), path)
 
 
@@ -80,7 +80,15 @@ def check_sqlite_file(path: Path) -> None:
     page_size = int.from_bytes(header[16:18], "big")
     page_size = 65536 if page_size == 1 else page_size
     page_count = int.from_bytes(header[28:32], "big")
-    if page_size < 512 or size % page_size or size < page_count * page_size:
+    if page_size < 512:
+        raise NotAProjectionDatabase(f"{path} is not a SQLite database (page size {page_size})")
+    # While a -wal file exists the main file is not the whole database: another
+    # process's checkpoint writes page 1 (the new page count) before the pages
+    # that extend the file, so the sizes below disagree for a moment on a
+    # healthy database. Only a database without a WAL can be judged by its size.
+    if Path(f"{path}-wal").exists():
+        return
+    if size % page_size or size < page_count * page_size:
         raise NotAProjectionDatabase(
             f"{path} is a truncated or damaged SQLite database "
             f"({size} bytes, header says {page_count} pages of {page_size})"

@@ -7,6 +7,7 @@ tests; env.py only calls :func:`run`.
 from __future__ import annotations
 
 import logging
+import logging.config
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -65,13 +66,17 @@ def _configure(context: EnvironmentContext, **kwargs: Any) -> None:
 
 @contextmanager
 def _migration_lock(connection: Connection) -> Iterator[None]:
-    """Serialize concurrent upgrades of one PostgreSQL database (and schema).
+    """Serialize concurrent upgrades of one PostgreSQL database (and schema) or SQLite file.
 
     A session-level advisory lock: the second deployer waits, then finds the
-    chain already applied. SQLite needs none: its deployers share one machine.
+    chain already applied. SQLite has no such lock, and processes initializing
+    one new file at once ran the chain concurrently ("expected to match one row
+    when updating ... in alembic_version"): they take an exclusive ``flock`` on
+    a sidecar ``<database>.migrate-lock`` file (0600) instead.
     """
     if dialect_name(connection.dialect) != "postgresql":
-        yield
+        with _sqlite_file_lock(connection.engine.url.database):
+            yield
         return
     key = func.hashtext(literal("relay_flow_projection:") + func.current_schema())
     connection.execute(select(func.pg_advisory_lock(key)))
@@ -82,6 +87,29 @@ def _migration_lock(connection: Connection) -> Iterator[None]:
         connection.rollback()
         connection.execute(select(func.pg_advisory_unlock(key)))
         connection.commit()
+
+
+@contextmanager
+def _sqlite_file_lock(database: str | None) -> Iterator[None]:
+    """Hold an exclusive lock on ``<database>.migrate-lock`` (in-memory databases: none)."""
+    try:
+        import fcntl
+    except ImportError:  # no flock on this platform: upgrades are not serialized
+        yield
+        return
+    if not database or database == ":memory:" or database.startswith("file:"):
+        yield
+        return
+    path = f"{database}.migrate-lock"
+    try:
+        descriptor = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    except OSError as exc:
+        raise ProjectionError(f"cannot create the migration lock {path}: {exc}") from exc
+    try:
+        fcntl.flock(descriptor, fcntl.LOCK_EX)  # released when the descriptor closes
+        yield
+    finally:
+        os.close(descriptor)
 
 
 def adopt_unversioned(connection: Connection, script: ScriptDirectory) -> None:
@@ -176,6 +204,11 @@ def _run_offline(context: EnvironmentContext) -> None:
 
 
 def run(context: EnvironmentContext) -> None:
+    config = context.config
+    if config.cmd_opts is not None and config.config_file_name is not None:
+        # The alembic command line logs as alembic.ini says; a library caller
+        # of upgrade() keeps its own logging configuration.
+        logging.config.fileConfig(config.config_file_name, disable_existing_loggers=False)
     try:
         if context.is_offline_mode():
             _run_offline(context)

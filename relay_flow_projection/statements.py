@@ -12,7 +12,7 @@ facade in ``repository.py`` owns the transaction.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from datetime import datetime
 from functools import cache
 from typing import Any
@@ -35,6 +35,7 @@ from sqlalchemy import (
     update,
 )
 from sqlalchemy.engine import Connection, Dialect
+from sqlalchemy.exc import MultipleResultsFound, NoResultFound
 
 from .dialect import matches_any, upsert_insert
 from .models import ExecutorIdentity, NodeRuntime, RetryStatus, Run, RunState
@@ -180,7 +181,12 @@ def _match(column: ColumnElement[Any], value: str | None) -> ColumnElement[bool]
 
 @cache
 def _list_statement(
-    by_repo: bool, by_workflow: bool, by_ticket: bool, active: bool | None, keyset: bool
+    by_repo: bool,
+    by_workflow: bool,
+    by_ticket: bool,
+    active: bool | None,
+    keyset: bool,
+    limited: bool = False,
 ) -> Select[Any]:
     """One statement per filter shape; values arrive as bind parameters.
 
@@ -202,8 +208,8 @@ def _list_statement(
             bindparam("after_id", type_=runs.c.id.type),
         )
         conditions.append(tuple_(runs.c.started_at, runs.c.id) > after)
-    statement = _SELECT_RUNS.where(and_(true(), *conditions))
-    return statement.order_by(runs.c.started_at, runs.c.id)
+    statement = _SELECT_RUNS.where(and_(true(), *conditions)).order_by(runs.c.started_at, runs.c.id)
+    return statement.limit(bindparam("limit")) if limited else statement
 
 
 def filter_parameters(
@@ -224,12 +230,11 @@ def list_runs(
     limit: int | None,
 ) -> list[Run]:
     shape, params = filter_parameters(repo, workflow, ticket)
-    statement = _list_statement(*shape, active, after is not None)
+    statement = _list_statement(*shape, active, after is not None, limit is not None)
     if after is not None:
         params["after_started_at"] = after.started_at
         params["after_id"] = after.id
     if limit is not None:
-        statement = statement.limit(bindparam("limit", literal_execute=False))
         params["limit"] = limit
     return [row_to_run(row) for row in conn.execute(statement, params)]
 
@@ -491,3 +496,98 @@ def insert_identity_once(dialect: Dialect) -> Any:
         )
         .on_conflict_do_nothing(index_elements=[executor_identity.c.singleton])
     )
+
+
+# ------------------------------------------------------ lean execution ---
+# A Connection.execute() of a prebuilt statement still costs several times the
+# database's own work for a single-row call (cache-key lookup, execution
+# context, event dispatch, result set-up: measured in benchmarks/). The
+# repository's single-row methods therefore run these statements compiled once
+# per dialect -- SQL text, parameter order, literal defaults and the columns'
+# own bind/result processors, all taken from SQLAlchemy's compiled form -- on
+# the pooled DBAPI cursor (see repository._LeanTransaction).
+
+
+class Prepared:
+    """One Core statement compiled for one dialect, ready for ``cursor.execute``."""
+
+    __slots__ = ("bind_processors", "defaults", "names", "positional", "result_processors", "sql")
+
+    def __init__(self, statement: Any, dialect: Dialect) -> None:
+        compiled: Any = statement.compile(dialect=dialect)
+        required = {name for name, bind in compiled.binds.items() if bind.required}
+        # Renders literal_execute parameters (the terminal states) into the text.
+        expanded = compiled.construct_expanded_state(dict.fromkeys(required))
+        if "__[POSTCOMPILE" in expanded.statement:
+            raise ValueError("expanding parameters cannot be prepared once")
+        self.sql: str = expanded.statement
+        self.positional: bool = bool(dialect.positional)
+        self.names: tuple[str, ...] = tuple(
+            expanded.positiontup if self.positional else expanded.parameters
+        )
+        self.defaults: dict[str, Any] = {
+            name: value for name, value in expanded.parameters.items() if name not in required
+        }
+        binds = compiled.binds
+        self.bind_processors: tuple[tuple[str, Any], ...] = tuple(
+            (name, processor)
+            for name in dict.fromkeys(self.names)
+            if (processor := binds[name].type.dialect_impl(dialect).bind_processor(dialect))
+        )
+        columns = getattr(statement, "selected_columns", ())
+        self.result_processors: tuple[tuple[int, Any], ...] = tuple(
+            (position, processor)
+            for position, column in enumerate(columns)
+            if (processor := column.type.dialect_impl(dialect).result_processor(dialect, None))
+        )
+
+    def parameters(self, values: dict[str, Any]) -> Any:
+        """The DBAPI parameters: a tuple (qmark) or a dict (pyformat)."""
+        merged = {**self.defaults, **values} if self.defaults else dict(values)
+        for name, processor in self.bind_processors:
+            merged[name] = processor(merged[name])
+        if self.positional:
+            return tuple([merged[name] for name in self.names])
+        return {name: merged[name] for name in self.names}
+
+    def rows(self, fetched: list[Any]) -> list[Any]:
+        if not self.result_processors:
+            return fetched
+        rows = []
+        for row in fetched:
+            values = list(row)
+            for position, processor in self.result_processors:
+                values[position] = processor(values[position])
+            rows.append(values)
+        return rows
+
+
+class LeanResult:
+    """The part of ``CursorResult`` the repository uses, over already fetched rows."""
+
+    __slots__ = ("_rows", "rowcount")
+
+    def __init__(self, rows: list[Any], rowcount: int) -> None:
+        self._rows = rows
+        self.rowcount = rowcount
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self._rows)
+
+    def first(self) -> Any:
+        return self._rows[0] if self._rows else None
+
+    def one(self) -> Any:
+        if not self._rows:
+            raise NoResultFound("No row was found when one was required")
+        if len(self._rows) > 1:
+            raise MultipleResultsFound("Multiple rows were found when exactly one was required")
+        return self._rows[0]
+
+    def scalar_one(self) -> Any:
+        return self.one()[0]
+
+    def scalar_one_or_none(self) -> Any:
+        if len(self._rows) > 1:
+            raise MultipleResultsFound("Multiple rows were found when one or none was required")
+        return self._rows[0][0] if self._rows else None

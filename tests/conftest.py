@@ -15,13 +15,13 @@ import os
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
 from functools import cache
 from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
 from alembic.config import Config as AlembicConfig
+from fakes import FakeClock
 from sqlalchemy.engine import Engine, make_url
 from sqlalchemy.pool import NullPool
 
@@ -144,20 +144,6 @@ def engine(migrated_url: str) -> Iterator[Engine]:
     engine.dispose()
 
 
-class FakeClock:
-    """A controllable clock for RunProjection(clock=...): starts at a fixed instant."""
-
-    def __init__(self, start: datetime | None = None) -> None:
-        self.now = start or datetime(2026, 3, 1, 12, 0, 0, 123456, tzinfo=UTC)
-
-    def __call__(self) -> datetime:
-        return self.now
-
-    def advance(self, **delta: float) -> datetime:
-        self.now += timedelta(**delta)
-        return self.now
-
-
 @pytest.fixture
 def clock() -> FakeClock:
     return FakeClock()
@@ -186,10 +172,8 @@ def table_rows(engine: Engine) -> Callable[[str], list[tuple[object, ...]]]:
 def alembic_engine(
     request: pytest.FixtureRequest, tmp_path: Path, postgres_schemas: PostgresSchemas
 ) -> Iterator[Engine]:
-    """pytest-alembic's engine, on both databases (foreign keys off on SQLite, as for migrations)."""
-    target = (
-        postgres_schemas.new_url() if request.param == "postgresql" else str(tmp_path / "a.db")
-    )
+    """pytest-alembic's engine on both databases (SQLite: foreign keys off, as for migrations)."""
+    target = postgres_schemas.new_url() if request.param == "postgresql" else str(tmp_path / "a.db")
     engine = build_engine(resolve_target(target), foreign_keys=False, poolclass=NullPool)
     yield engine
     engine.dispose()

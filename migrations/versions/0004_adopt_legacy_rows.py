@@ -8,6 +8,10 @@
 - SQLite only: timestamps written by Go's driver (nanoseconds, trimmed
   fractions, any offset) are rewritten in the canonical fixed-width UTC text,
   so that text order is time order again.
+- SQLite only: tables created by the Go DDL are rebuilt with the NOT NULL keys
+  the chain declares (``id TEXT PRIMARY KEY`` accepts NULL in SQLite), so an
+  adopted database matches the models (`alembic check`). This one copy of
+  relay_runs is a single transaction; tables this chain created are skipped.
 
 The rows are updated in batches of run ids, each batch its own statement in
 autocommit: WAL size and memory stay flat however many runs there are. Every
@@ -26,6 +30,7 @@ from typing import Any
 import sqlalchemy as sa
 from alembic import context, op
 
+from relay_flow_projection.errors import ProjectionError
 from relay_flow_projection.timestamps import normalize_stored_text
 
 revision: str = "0004_adopt_legacy_rows"
@@ -150,6 +155,58 @@ def upgrade() -> None:
                 values = _repairs(table, normalize)
                 if values:
                     bind.execute(sa.update(table).where(_in_range(key, low, high)).values(values))
+    _require_not_null_keys(bind)
+
+
+def _identity_table() -> sa.Table:
+    """relay_executor_identity exactly as 0003_generation_3 creates it."""
+    return sa.Table(
+        "relay_executor_identity",
+        sa.MetaData(),
+        sa.Column("singleton", sa.Integer(), autoincrement=False, nullable=False),
+        sa.Column("executor_plugin", sa.Text(), nullable=False),
+        sa.Column("temporal_address", sa.Text(), nullable=True),
+        sa.Column("temporal_namespace", sa.Text(), nullable=True),
+        sa.CheckConstraint("singleton = 1", name="ck_relay_executor_identity_singleton"),
+        sa.PrimaryKeyConstraint("singleton", name="pk_relay_executor_identity"),
+    )
+
+
+def _require_not_null_keys(bind: sa.Connection) -> None:
+    """SQLite: rebuild Go-created tables whose primary key reflects as nullable.
+
+    Runs with foreign keys off (migration_env), so dropping the old relay_runs
+    cascades nothing. The identity table is rebuilt from 0003's definition: a
+    rebuild from reflection would drop its unnamed CHECK constraint.
+    """
+    if bind.dialect.name != "sqlite":
+        return
+    inspector = sa.inspect(bind)
+    runs_id_nullable = any(
+        c["nullable"] for c in inspector.get_columns("relay_runs") if c["name"] == "id"
+    )
+    singleton_nullable = any(
+        c["nullable"]
+        for c in inspector.get_columns("relay_executor_identity")
+        if c["name"] == "singleton"
+    )
+    if not (runs_id_nullable or singleton_nullable):
+        return  # tables created by this chain
+    if bind.exec_driver_sql("PRAGMA foreign_keys").scalar():
+        # A caller-provided connection with foreign keys on: dropping the old
+        # relay_runs would cascade-delete every child row. Refuse instead.
+        raise ProjectionError(
+            "adopting this database rebuilds relay_runs, which needs SQLite foreign keys "
+            "off: run the upgrade through relay_flow_projection.upgrade() or `alembic upgrade`"
+        )
+    if runs_id_nullable:
+        with op.batch_alter_table("relay_runs") as batch:
+            batch.alter_column("id", existing_type=sa.Text(), nullable=False)
+    if singleton_nullable:
+        with op.batch_alter_table(
+            "relay_executor_identity", copy_from=_identity_table(), recreate="always"
+        ):
+            pass
 
 
 def downgrade() -> None:

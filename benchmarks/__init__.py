@@ -1,0 +1,1 @@
+"""Benchmarks of relay_flow_projection against the raw drivers (run ``benchmarks/run.py``)."""

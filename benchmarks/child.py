@@ -1,0 +1,34 @@
+"""Child-process entry: ``python -m benchmarks.child '<json>'`` runs one section, prints JSON.
+
+Each section runs in a process of its own so that peak memory (read by the
+parent with ``os.wait4``) and warm caches do not leak from one into another.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from . import sections
+
+SECTIONS: dict[str, Callable[..., dict[str, Any]]] = {
+    "operations": sections.operations,
+    "concurrency": sections.concurrency,
+    "listings": sections.listings,
+    "sweep_layer": sections.sweep_layer,
+    "sweep_go": sections.sweep_go,
+    "iterate": sections.iterate,
+}
+
+
+def main(argv: list[str]) -> None:
+    request = json.loads(argv[1])
+    target = sections.Target(**request.pop("target"))
+    result = SECTIONS[request.pop("section")](target, **request)
+    sys.stdout.write(json.dumps(result) + "\n")
+
+
+if __name__ == "__main__":
+    main(sys.argv)

@@ -1,0 +1,432 @@
+"""The measured sections. Each runs in a child process of its own (see ``child.py``).
+
+Every function takes a :class:`Target` (a fresh database prepared by the parent)
+and returns a JSON-able dict of measurements.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import resource
+import sqlite3
+import statistics
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+import psycopg
+from sqlalchemy import event
+from sqlalchemy.engine import Engine
+
+from relay_flow_projection import (
+    NodeSessionRegistration,
+    RunFilter,
+    RunProjection,
+    RunStart,
+    RunState,
+    create_engine,
+)
+from relay_flow_projection.engine import BUSY_TIMEOUT_MS, JOURNAL_SIZE_LIMIT
+from relay_flow_projection.timestamps import to_storage_text
+
+from .dataset import CHILD_TABLES, Shape, run_id
+from .raw import (
+    TRANSACTION_CONTROL,
+    RawDriver,
+    RawPostgres,
+    RawSQLite,
+    verify_same_sql,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    dialect: str  # "sqlite" or "postgresql"
+    url: str  # what create_engine() takes: a file path or a URL
+    conninfo: str  # sqlite3 path or libpq connection string
+
+    def raw(self) -> RawDriver:
+        if self.dialect == "sqlite":
+            return RawSQLite(self.conninfo)
+        return RawPostgres(self.conninfo)
+
+
+def _us(nanoseconds: float) -> float:
+    return nanoseconds / 1000.0
+
+
+def rss_kib() -> int:
+    """Current resident set size of this process, in KiB."""
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    return 0
+
+
+def peak_rss_kib() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+
+
+# ------------------------------------------------------ 1. per operation ---
+
+
+def _alternate(
+    rounds: int, block: int, layer: Callable[[int], object], raw: Callable[[int], object]
+) -> dict[str, float]:
+    """Median µs/op of *layer* and *raw*, measured in alternating blocks of *block* calls."""
+    counter = itertools.count()
+    for op in (layer, raw):  # warm caches, compiled statements, prepared statements
+        for _ in range(max(block // 5, 5)):
+            op(next(counter))
+    times: dict[str, list[float]] = {"layer": [], "raw": []}
+    for round_number in range(rounds):
+        order = [("layer", layer), ("raw", raw)]
+        if round_number % 2:
+            order.reverse()
+        for name, op in order:
+            started = time.perf_counter_ns()
+            for _ in range(block):
+                op(next(counter))
+            times[name].append(_us((time.perf_counter_ns() - started) / block))
+    layer_us = statistics.median(times["layer"])
+    raw_us = statistics.median(times["raw"])
+    return {"layer_us": layer_us, "raw_us": raw_us, "ratio": layer_us / raw_us}
+
+
+def operations(
+    target: Target, runs: int, rounds: int, block: int, write_block: int
+) -> dict[str, Any]:
+    shape = Shape(runs)
+    engine = create_engine(target.url)
+    projection = RunProjection(engine)
+    raw = target.raw()
+    active = [run_id(i) for i in shape.active_indexes()]
+    now = datetime.now(UTC)
+
+    def start(k: int) -> RunStart:
+        return RunStart(f"new-{k:09d}", "repo-1", "workflow-7", f"T-n{k}", f"KEY-n{k}")
+
+    def registration(k: int) -> NodeSessionRegistration:
+        return NodeSessionRegistration(run_id((k * 104_729) % runs), "build", f"s-{k}")
+
+    # The layer must send exactly what the raw baseline sends (same inputs, same clock).
+    one = registration(-1)
+    verify_same_sql(
+        engine,
+        raw,
+        lambda p: p.insert_start(start(-1), now),
+        lambda r: r.insert_start(start(-1), now),
+    )
+    verify_same_sql(
+        engine,
+        raw,
+        lambda p: p.update_node(active[0], RunState.RUNNING, "build", "v"),
+        lambda r: r.update_node(active[0], RunState.RUNNING, "build", "v"),
+    )
+    verify_same_sql(engine, raw, lambda p: p.get_run(active[0]), lambda r: r.get_run(active[0]))
+    verify_same_sql(
+        engine, raw, lambda p: p.register_node_session(one), lambda r: r.register_node_session(one)
+    )
+    if raw.get_run(active[0]) != projection.get_run(active[0]):
+        raise AssertionError("the raw mapping differs from the layer's")
+
+    results: dict[str, Any] = {}
+    results["insert_start"] = _alternate(
+        rounds,
+        write_block,
+        lambda k: projection.insert_start(start(k), datetime.now(UTC)),
+        lambda k: raw.insert_start(start(k), datetime.now(UTC)),
+    )
+    results["update_node"] = _alternate(
+        rounds,
+        write_block,
+        lambda k: projection.update_node(
+            active[k % len(active)], RunState.RUNNING, "build", f"v-{k}"
+        ),
+        lambda k: raw.update_node(active[k % len(active)], RunState.RUNNING, "build", f"v-{k}"),
+    )
+    results["get_run"] = _alternate(
+        rounds,
+        block,
+        lambda k: projection.get_run(run_id((k * 7_919) % runs)),
+        lambda k: raw.get_run(run_id((k * 7_919) % runs)),
+    )
+    results["register_node_session"] = _alternate(
+        rounds,
+        write_block,
+        lambda k: projection.register_node_session(registration(k)),
+        lambda k: raw.register_node_session(registration(k)),
+    )
+    raw.close()
+    engine.dispose()
+    return results
+
+
+def concurrency(target: Target, threads: int, iterations: int) -> dict[str, Any]:
+    """*threads* threads updating the same 4 runs through one engine; counts every error."""
+    engine = create_engine(target.url)
+    projection = RunProjection(engine)
+    shared = [f"shared-{n}" for n in range(4)]
+    for rid in shared:
+        projection.insert_start(RunStart(rid, "repo", "wf", rid, rid), datetime.now(UTC))
+        projection.update_node(rid, RunState.RUNNING, "build", "visit-0")
+    errors: list[str] = []
+    barrier = threading.Barrier(threads)
+
+    def worker(number: int) -> None:
+        barrier.wait()
+        for k in range(iterations):
+            rid = shared[(number + k) % len(shared)]
+            try:
+                projection.update_node(rid, RunState.RUNNING, "build", f"visit-{number}-{k}")
+                projection.register_node_session(
+                    NodeSessionRegistration(rid, "build", f"session-{number}-{k}")
+                )
+                projection.update_state(rid, RunState.WAITING)
+                projection.get_run(rid)
+            except Exception as exc:
+                errors.append(f"{type(exc).__name__}: {exc}")
+
+    started = time.perf_counter()
+    pool = [threading.Thread(target=worker, args=(n,)) for n in range(threads)]
+    for thread in pool:
+        thread.start()
+    for thread in pool:
+        thread.join()
+    elapsed = time.perf_counter() - started
+    engine.dispose()
+    calls = threads * iterations * 4
+    return {
+        "threads": threads,
+        "calls": calls,
+        "errors": len(errors),
+        "first_error": errors[0] if errors else None,
+        "calls_per_s": calls / elapsed,
+    }
+
+
+# ---------------------------------------------------------- 2. listings ---
+
+
+def _median_ms(call: Callable[[], object], repeat: int) -> float:
+    call()
+    call()
+    samples = []
+    for _ in range(repeat):
+        started = time.perf_counter_ns()
+        call()
+        samples.append((time.perf_counter_ns() - started) / 1e6)
+    return statistics.median(samples)
+
+
+def _captured(engine: Engine, call: Callable[[], object]) -> tuple[str, Any]:
+    seen: list[tuple[str, Any]] = []
+
+    def record(*args: Any) -> None:
+        if args[2] not in TRANSACTION_CONTROL:
+            seen.append((args[2], args[3]))
+
+    event.listen(engine, "before_cursor_execute", record)
+    try:
+        call()
+    finally:
+        event.remove(engine, "before_cursor_execute", record)
+    return seen[0]
+
+
+def query_plan(engine: Engine, target: Target, call: Callable[[], object]) -> str:
+    """The plan of the statement *call* sends, in one line."""
+    statement, parameters = _captured(engine, call)
+    if target.dialect == "sqlite":
+        connection = sqlite3.connect(target.conninfo)
+        try:
+            rows = connection.execute("EXPLAIN QUERY PLAN " + statement, parameters).fetchall()
+        finally:
+            connection.close()
+        return "; ".join(str(row[3]) for row in rows)
+    with psycopg.connect(target.conninfo, autocommit=True) as pg:
+        rows = pg.execute(("EXPLAIN (COSTS OFF) " + statement).encode(), parameters).fetchall()
+    return "; ".join(str(row[0]).strip().lstrip("-> ").strip() for row in rows)
+
+
+def listings(target: Target, runs: int, repeat: int) -> dict[str, Any]:
+    shape = Shape(runs)
+    engine = create_engine(target.url)
+    projection = RunProjection(engine)
+    raw = target.raw()
+    hot = shape.workflow_of(42)
+    active_filter = RunFilter(workflow=hot, active=True)
+
+    def list_active() -> list[Any]:
+        return projection.list_runs(active_filter)
+
+    verify_same_sql(
+        engine, raw, lambda p: p.list_runs(active_filter), lambda r: r.list_active_workflow(hot)
+    )
+    listed = list_active()
+    if listed != raw.list_active_workflow(hot):
+        raise AssertionError("raw and layer listings differ")
+    results: dict[str, Any] = {"active_rows": len(listed)}
+    results["list_active_ms"] = _median_ms(list_active, repeat)
+    results["list_active_raw_ms"] = _median_ms(lambda: raw.list_active_workflow(hot), repeat)
+    results["list_active_plan"] = query_plan(engine, target, list_active)
+    if target.dialect == "sqlite":
+        # The probe's plain (workflow, state) index with bound terminal states, for contrast.
+        connection = sqlite3.connect(target.conninfo)
+        contrast = (
+            "SELECT * FROM relay_runs INDEXED BY relay_runs_workflow_state "
+            "WHERE workflow = ? AND state NOT IN (?, ?) ORDER BY started_at, id"
+        )
+        results["list_plain_index_ms"] = _median_ms(
+            lambda: connection.execute(contrast, (hot, "canceled", "completed")).fetchall(),
+            max(repeat // 5, 3),
+        )
+        connection.close()
+
+    middle = projection.get_run(run_id(runs // 2))
+    results["page_all_ms"] = _median_ms(
+        lambda: projection.list_runs(limit=100, after=middle), repeat
+    )
+    results["page_all_plan"] = query_plan(
+        engine, target, lambda: projection.list_runs(limit=100, after=middle)
+    )
+    pivot = listed[len(listed) // 2] if listed else middle
+    results["page_active_ms"] = _median_ms(
+        lambda: projection.list_runs(active_filter, limit=20, after=pivot), repeat
+    )
+    results["count_active_ms"] = _median_ms(lambda: projection.count_runs(active_filter), repeat)
+    results["has_active_ms"] = _median_ms(lambda: projection.has_active_workflow(hot), repeat)
+    results["count_sweepable"] = projection.count_sweepable(shape.cutoff)
+    results["count_sweepable_ms"] = _median_ms(
+        lambda: projection.count_sweepable(shape.cutoff), max(repeat // 5, 3)
+    )
+    results["count_sweepable_plan"] = query_plan(
+        engine, target, lambda: projection.count_sweepable(shape.cutoff)
+    )
+    raw.close()
+    engine.dispose()
+    return results
+
+
+# ------------------------------------------------------------- 3. sweep ---
+
+
+def _child_rows(target: Target) -> int:
+    counts = [f"(SELECT count(*) FROM {table})" for table in CHILD_TABLES]  # noqa: S608
+    query = "SELECT " + " + ".join(counts)
+    if target.dialect == "sqlite":
+        connection = sqlite3.connect(target.conninfo)
+        try:
+            return int(connection.execute(query).fetchone()[0])
+        finally:
+            connection.close()
+    with psycopg.connect(target.conninfo, autocommit=True) as pg:
+        row = pg.execute(query.encode()).fetchone()
+        return int(row[0]) if row else 0
+
+
+def sweep_layer(target: Target, runs: int, batch_size: int) -> dict[str, Any]:
+    shape = Shape(runs)
+    children_before = _child_rows(target)
+    engine = create_engine(target.url)
+    projection = RunProjection(engine)
+    started = time.perf_counter()
+    deleted = projection.sweep_retention(shape.cutoff, batch_size=batch_size)
+    elapsed = time.perf_counter() - started
+    remaining = projection.count_sweepable(shape.cutoff)
+    engine.dispose()
+    return {
+        "seconds": elapsed,
+        "runs_deleted": len(deleted),
+        "children_deleted": children_before - _child_rows(target),
+        "remaining_sweepable": remaining,
+    }
+
+
+# The Go release's statements (projection.go, sweepRetention), verbatim but for placeholders.
+GO_SELECT = (
+    "SELECT id FROM relay_runs WHERE state IN ('completed', 'canceled') "
+    "AND finished_at IS NOT NULL AND finished_at < ?"
+)
+GO_DELETES = (
+    "DELETE FROM relay_processed_reports WHERE run_id = ?",
+    "DELETE FROM relay_node_sessions WHERE run_id = ?",
+    "DELETE FROM relay_node_runtime WHERE run_id = ?",
+    "DELETE FROM relay_runs WHERE id = ?",
+)
+
+
+def sweep_go(target: Target, runs: int) -> dict[str, Any]:
+    """The Go algorithm on the raw driver: select every id, then one transaction per run."""
+
+    shape = Shape(runs)
+    children_before = _child_rows(target)
+    started = time.perf_counter()
+    if target.dialect == "sqlite":
+        connection = sqlite3.connect(target.conninfo, isolation_level=None)
+        for pragma in (
+            f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}",
+            "PRAGMA foreign_keys = ON",
+            "PRAGMA journal_mode = WAL",
+            "PRAGMA synchronous = NORMAL",
+            f"PRAGMA journal_size_limit = {JOURNAL_SIZE_LIMIT}",
+        ):
+            connection.execute(pragma)
+        cutoff = to_storage_text(shape.cutoff)
+        ids = [row[0] for row in connection.execute(GO_SELECT, (cutoff,))]
+        for rid in ids:
+            connection.execute("BEGIN")  # database/sql's BeginTx: a deferred transaction
+            for statement in GO_DELETES:
+                connection.execute(statement, (rid,))
+            connection.execute("COMMIT")
+        connection.close()
+    else:
+        with psycopg.connect(target.conninfo) as pg:
+            ids = [row[0] for row in pg.execute(GO_SELECT.replace("?", "%s"), (shape.cutoff,))]
+            pg.commit()
+            deletes = [statement.replace("?", "%s") for statement in GO_DELETES]
+            for rid in ids:
+                for statement in deletes:
+                    pg.execute(statement.encode(), (rid,))
+                pg.commit()
+    elapsed = time.perf_counter() - started
+    return {
+        "seconds": elapsed,
+        "runs_deleted": len(ids),
+        "children_deleted": children_before - _child_rows(target),
+    }
+
+
+# ---------------------------------------------------------- 5. iter_runs ---
+
+
+def iterate(target: Target, runs: int) -> dict[str, Any]:
+    engine = create_engine(target.url)
+    projection = RunProjection(engine)
+    iterator = projection.iter_runs()
+    first = next(iterator)  # the first page is in: engine, caches and one page resident
+    baseline = rss_kib()
+    count = 1
+    previous = first
+    started = time.perf_counter()
+    for run in iterator:
+        if (run.started_at, run.id) <= (previous.started_at, previous.id):
+            raise AssertionError("iter_runs out of order")
+        previous = run
+        count += 1
+    elapsed = time.perf_counter() - started
+    engine.dispose()
+    if count != runs:
+        raise AssertionError(f"iter_runs yielded {count} runs, expected {runs}")
+    return {
+        "runs": count,
+        "seconds": elapsed,
+        "baseline_rss_kib": baseline,
+        "peak_rss_kib": peak_rss_kib(),
+        "pid": os.getpid(),
+    }

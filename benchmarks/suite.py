@@ -1,0 +1,296 @@
+"""The benchmark driver: prepares fresh databases, runs each section in a child process,
+prints one markdown table with SQLite and PostgreSQL side by side.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import shutil
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from relay_flow_projection import upgrade
+from relay_flow_projection.migrate import head_revision
+
+from .dataset import (
+    PostgresDatabases,
+    Shape,
+    copy_sqlite,
+    load_postgres,
+    load_sqlite,
+    postgres_available,
+)
+from .sections import Target
+from .table import Results, render
+
+ROOT = Path(__file__).resolve().parent.parent
+DIALECTS = ("sqlite", "postgresql")
+
+
+@dataclass(frozen=True, slots=True)
+class Sizes:
+    runs: int
+    rounds: int  # alternating blocks per operation
+    read_block: int  # calls per block: reads
+    write_block: dict[str, int]  # calls per block: writes, per dialect
+    threads: int
+    thread_iterations: int
+    repeat: int  # samples per listing measurement
+    sweep_batch: int
+    adoption_runs: tuple[int, ...]
+
+
+FULL = Sizes(
+    runs=1_000_000,
+    rounds=10,
+    read_block=1_000,
+    write_block={"sqlite": 1_000, "postgresql": 60},
+    threads=8,
+    thread_iterations=100,
+    repeat=50,
+    sweep_batch=1_000,
+    adoption_runs=(100_000, 1_000_000),
+)
+QUICK = Sizes(
+    runs=20_000,
+    rounds=4,
+    read_block=200,
+    write_block={"sqlite": 200, "postgresql": 15},
+    threads=8,
+    thread_iterations=10,
+    repeat=10,
+    sweep_batch=1_000,
+    adoption_runs=(2_000, 20_000),
+)
+
+
+def log(message: str) -> None:
+    sys.stderr.write(f"[bench {time.strftime('%H:%M:%S')}] {message}\n")
+    sys.stderr.flush()
+
+
+def run_child(section: str, target: Target, **params: Any) -> tuple[dict[str, Any], int]:
+    """Run one section in a fresh interpreter; returns its result and its peak RSS (KiB)."""
+    request = json.dumps({"section": section, "target": asdict(target), **params})
+    with tempfile.TemporaryFile("w+") as output:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "benchmarks.child", request], cwd=ROOT, stdout=output
+        )
+        _, status, usage = os.wait4(process.pid, 0)
+        process.returncode = os.waitstatus_to_exitcode(status)
+        if process.returncode != 0:
+            raise RuntimeError(
+                f"section {section} on {target.dialect} failed ({process.returncode})"
+            )
+        output.seek(0)
+        lines = output.read().strip().splitlines()
+    return json.loads(lines[-1]), usage.ru_maxrss
+
+
+class Databases:
+    """Fresh databases for one dialect: copies of a loaded template, or empty ones."""
+
+    def __init__(self, dialect: str, workdir: Path, postgres: PostgresDatabases) -> None:
+        self.dialect = dialect
+        self.workdir = workdir
+        self.postgres = postgres
+        self.template: str | None = None
+        self.counter = 0
+
+    def load_template(self, shape: Shape) -> None:
+        started = time.perf_counter()
+        if self.dialect == "sqlite":
+            path = self.workdir / "template.db"
+            load_sqlite(path, shape)
+            self.template = str(path)
+        else:
+            self.template = self.postgres.create("template")
+            load_postgres(self.postgres, self.template, shape)
+        log(
+            f"{self.dialect}: template of {shape.runs:,} runs loaded in "
+            f"{time.perf_counter() - started:.0f} s"
+        )
+
+    @contextmanager
+    def fresh(self, *, empty: bool = False) -> Iterator[Target]:
+        """A new database (a copy of the template, or an empty one upgraded to head)."""
+        self.counter += 1
+        if self.dialect == "sqlite":
+            path = self.workdir / f"section-{self.counter}.db"
+            if empty:
+                upgrade(path)
+            else:
+                assert self.template is not None
+                copy_sqlite(Path(self.template), path)
+            try:
+                yield Target("sqlite", str(path), str(path))
+            finally:
+                for suffix in ("", "-wal", "-shm"):
+                    Path(f"{path}{suffix}").unlink(missing_ok=True)
+            return
+        name = self.postgres.create(f"s{self.counter}", None if empty else self.template)
+        if empty:
+            upgrade(self.postgres.url(name))
+        try:
+            yield Target("postgresql", self.postgres.url(name), self.postgres.libpq(name))
+        finally:
+            self.postgres.drop(name)
+
+
+def measure_dialect(databases: Databases, sizes: Sizes, results: Results) -> None:
+    dialect = databases.dialect
+    shape = Shape(sizes.runs)
+    databases.load_template(shape)
+
+    with databases.fresh() as target:
+        log(f"{dialect}: 1. per-operation cost, layer vs raw driver")
+        ops, _ = run_child(
+            "operations",
+            target,
+            runs=sizes.runs,
+            rounds=sizes.rounds,
+            block=sizes.read_block,
+            write_block=sizes.write_block[dialect],
+        )
+        results.put(dialect, "operations", ops)
+    with databases.fresh(empty=True) as target:
+        log(f"{dialect}: 1. {sizes.threads} threads on shared runs")
+        shared, _ = run_child(
+            "concurrency", target, threads=sizes.threads, iterations=sizes.thread_iterations
+        )
+        results.put(dialect, "concurrency", shared)
+    with databases.fresh() as target:
+        log(f"{dialect}: 2. listings, keyset pages, counts")
+        listed, _ = run_child("listings", target, runs=sizes.runs, repeat=sizes.repeat)
+        results.put(dialect, "listings", listed)
+    with databases.fresh() as target:
+        log(f"{dialect}: 3. sweep_retention")
+        swept, rss = run_child("sweep_layer", target, runs=sizes.runs, batch_size=sizes.sweep_batch)
+        results.put(dialect, "sweep_layer", {**swept, "peak_rss_kib": rss})
+    with databases.fresh() as target:
+        log(f"{dialect}: 3. the Go algorithm on the same data")
+        go, _ = run_child("sweep_go", target, runs=sizes.runs)
+        results.put(dialect, "sweep_go", go)
+    with databases.fresh() as target:
+        log(f"{dialect}: 5. iter_runs over every run")
+        iterated, rss = run_child("iterate", target, runs=sizes.runs)
+        results.put(dialect, "iterate", {**iterated, "peak_rss_kib": rss})
+
+
+def _legacy_module() -> ModuleType:
+    """tests/legacy_databases.py, which builds the Go releases' databases."""
+    path = ROOT / "tests" / "legacy_databases.py"
+    spec = importlib.util.spec_from_file_location("relay_bench_legacy_databases", path)
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def adopt(workdir: Path, runs: int) -> dict[str, Any]:
+    """``alembic upgrade head`` (the CLI, in a child process) on a generation-1 file."""
+    path = workdir / f"generation-1-{runs}.db"
+    _legacy_module().populate_generation_1(path, runs)
+    wal = Path(f"{path}-wal")
+    environment = {**os.environ, "RELAY_FLOW_DATABASE_URL": f"sqlite:///{path}"}
+    alembic = Path(sys.executable).with_name("alembic")
+    command = [str(alembic)] if alembic.exists() else [sys.executable, "-m", "alembic"]
+    peak_wal = 0
+    with tempfile.TemporaryFile() as output:
+        started = time.perf_counter()
+        process = subprocess.Popen(
+            [*command, "upgrade", "head"], cwd=ROOT, env=environment, stdout=output, stderr=output
+        )
+        while True:
+            pid, status, usage = os.wait4(process.pid, os.WNOHANG)
+            if pid:
+                break
+            with suppress(FileNotFoundError):
+                peak_wal = max(peak_wal, wal.stat().st_size)
+            time.sleep(0.01)
+        elapsed = time.perf_counter() - started
+        process.returncode = os.waitstatus_to_exitcode(status)
+        if process.returncode != 0:
+            output.seek(0)
+            raise RuntimeError(f"alembic upgrade head failed:\n{output.read().decode()}")
+    connection = sqlite3.connect(path)
+    try:
+        version = connection.execute("SELECT version_num FROM alembic_version").fetchone()[0]
+        counted = connection.execute("SELECT count(*) FROM relay_runs").fetchone()[0]
+        unsorted = connection.execute(
+            "SELECT count(*) FROM relay_runs WHERE length(started_at) != 32 "
+            "OR substr(started_at, 27) != '+00:00' OR logical_run_id IS NULL"
+        ).fetchone()[0]
+    finally:
+        connection.close()
+    if version != head_revision() or counted != runs or unsorted:
+        raise AssertionError(f"adoption incomplete: {version=} {counted=} {unsorted=}")
+    for suffix in ("", "-wal", "-shm"):
+        Path(f"{path}{suffix}").unlink(missing_ok=True)
+    return {"runs": runs, "seconds": elapsed, "peak_rss_kib": usage.ru_maxrss, "peak_wal": peak_wal}
+
+
+def parse_arguments(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="benchmarks/run.py",
+        description="relay_flow_projection against the raw drivers, SQLite and PostgreSQL.",
+    )
+    parser.add_argument(
+        "--quick", action="store_true", help="20,000 runs and fewer iterations (CI, < 1 minute)"
+    )
+    parser.add_argument("--runs", type=int, help="override the number of runs")
+    parser.add_argument(
+        "--dialect", choices=(*DIALECTS, "both"), default="both", help="default: both"
+    )
+    parser.add_argument("--json", type=Path, help="also write the raw measurements here")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    arguments = parse_arguments(sys.argv[1:] if argv is None else argv)
+    sizes = QUICK if arguments.quick else FULL
+    if arguments.runs:
+        sizes = Sizes(**{**asdict(sizes), "runs": arguments.runs})
+    dialects = DIALECTS if arguments.dialect == "both" else (arguments.dialect,)
+    results = Results(sizes.runs, quick=arguments.quick, sizes=asdict(sizes))
+    started = time.perf_counter()
+    workdir = Path(tempfile.mkdtemp(prefix="relay_bench_"))
+    postgres = PostgresDatabases()
+    try:
+        for dialect in dialects:
+            if dialect == "postgresql":
+                reason = postgres_available()
+                results.postgres_version = postgres.server_version() if reason is None else ""
+                if reason is not None:
+                    if os.environ.get("CI", "").lower() == "true":
+                        raise SystemExit(f"CI=true but PostgreSQL is unavailable: {reason}")
+                    log(f"postgresql skipped: {reason}")
+                    results.unavailable["postgresql"] = reason
+                    continue
+            measure_dialect(Databases(dialect, workdir, postgres), sizes, results)
+            if dialect == "sqlite":
+                for runs in sizes.adoption_runs:
+                    log(f"sqlite: 4. alembic upgrade head adopting {runs:,} generation-1 runs")
+                    results.adoption.append(adopt(workdir, runs))
+    finally:
+        postgres.drop_all()
+        shutil.rmtree(workdir, ignore_errors=True)
+    results.total_seconds = time.perf_counter() - started
+    table = render(results)
+    sys.stdout.write(table + "\n")
+    if arguments.json:
+        arguments.json.write_text(json.dumps(results.as_json(), indent=2))
+    return 0

@@ -1,0 +1,128 @@
+"""The built wheel works on its own: installed in a fresh virtualenv, run outside the repository.
+
+``upgrade()`` must find the Alembic chain inside the installed package (the
+wheel's ``relay_flow_projection/_migrations``), from any working directory.
+Slow (a build and an install from the package index) but part of the default run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+from sqlalchemy.pool import NullPool
+
+from relay_flow_projection.engine import resolve_target
+from relay_flow_projection.migrate import head_revision
+
+REPOSITORY = Path(__file__).resolve().parents[1]
+MIGRATION_SCRIPTS = sorted(p.name for p in (REPOSITORY / "migrations" / "versions").glob("*.py"))
+
+pytestmark = pytest.mark.slow
+
+
+def _run(command: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k not in {"PYTHONPATH", "VIRTUAL_ENV"}}
+    env.pop("RELAY_FLOW_DATABASE_URL", None)
+    result = subprocess.run(
+        command, cwd=cwd, env=env, capture_output=True, text=True, timeout=900, check=False
+    )
+    assert result.returncode == 0, f"{command}:\n{result.stdout}\n{result.stderr}"
+    return result
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("dist")
+    _run([sys.executable, "-m", "build", "--wheel", "--outdir", str(out), str(REPOSITORY)], out)
+    (built,) = out.glob("relay_flow_projection-*.whl")
+    return built
+
+
+@pytest.fixture(scope="module")
+def venv_python(tmp_path_factory: pytest.TempPathFactory, wheel: Path) -> Path:
+    root = tmp_path_factory.mktemp("venv")
+    _run([sys.executable, "-m", "venv", str(root / "env")], root)
+    python = root / "env" / "bin" / "python"
+    _run([str(python), "-m", "pip", "install", "-q", f"{wheel}[postgresql]"], root)
+    return python
+
+
+def test_wheel_carries_the_migrations_and_the_type_marker(wheel: Path) -> None:
+    with zipfile.ZipFile(wheel) as archive:
+        names = set(archive.namelist())
+    assert "relay_flow_projection/py.typed" in names
+    assert "relay_flow_projection/_migrations/env.py" in names
+    assert "relay_flow_projection/_migrations/script.py.mako" in names
+    versions = sorted(
+        name.rsplit("/", 1)[1]
+        for name in names
+        if name.startswith("relay_flow_projection/_migrations/versions/")
+    )
+    assert versions == MIGRATION_SCRIPTS
+    assert len(versions) >= 5
+    assert not [n for n in names if n.startswith(("tests/", "migrations/", "benchmarks/"))]
+    assert not [n for n in names if "__pycache__" in n or n.endswith(".pyc")]
+
+
+def _installed_upgrade(python: Path, cwd: Path, target: str) -> dict[str, Any]:
+    script = """
+import json, sys
+import relay_flow_projection as r
+from relay_flow_projection import migrate
+r.upgrade(sys.argv[1])
+print(json.dumps({
+    "package": r.__file__,
+    "migrations": str(migrate.migrations_directory()),
+    "head": migrate.head_revision(),
+    "nonterminal": r.has_nonterminal_runs(sys.argv[1]),
+}))
+"""
+    result = _run([str(python), "-c", script, target], cwd)
+    info: dict[str, Any] = json.loads(result.stdout.strip().splitlines()[-1])
+    return info
+
+
+def _versions(target: str) -> list[str]:
+    engine = sa.create_engine(
+        resolve_target(target).url.render_as_string(hide_password=False), poolclass=NullPool
+    )
+    try:
+        with engine.connect() as connection:
+            query = sa.text("SELECT version_num FROM alembic_version")
+            return list(connection.execute(query).scalars())
+    finally:
+        engine.dispose()
+
+
+def test_installed_wheel_upgrades_sqlite_from_any_directory(
+    venv_python: Path, tmp_path: Path
+) -> None:
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+
+    info = _installed_upgrade(venv_python, elsewhere, "x.db")
+
+    venv_root = venv_python.parent.parent
+    assert Path(info["package"]).is_relative_to(venv_root)
+    assert Path(info["migrations"]) == Path(info["package"]).parent / "_migrations"
+    assert info["head"] == head_revision()
+    assert info["nonterminal"] is False
+    database = elsewhere / "x.db"
+    assert database.is_file()
+    assert _versions(str(database)) == [head_revision()]
+
+
+def test_installed_wheel_upgrades_postgresql(
+    venv_python: Path, postgres_url: str, tmp_path: Path
+) -> None:
+    info = _installed_upgrade(venv_python, tmp_path, postgres_url)
+    assert info["head"] == head_revision()
+    assert _versions(postgres_url) == [head_revision()]
