@@ -147,6 +147,17 @@ def _install_sqlite_listeners(engine: Engine, *, foreign_keys: bool, read_only: 
         connection.exec_driver_sql("BEGIN IMMEDIATE")
 
 
+def _utc_session(dbapi_connection: Any, _record: Any) -> None:
+    """PostgreSQL sessions in UTC: a session zone far from UTC cannot even read
+    back the extreme timestamps it accepted (year 1 under America/New_York)."""
+    autocommit = dbapi_connection.autocommit
+    dbapi_connection.autocommit = True
+    try:
+        dbapi_connection.execute("SET TIME ZONE 'UTC'")
+    finally:
+        dbapi_connection.autocommit = autocommit
+
+
 def build_engine(
     resolved: ResolvedTarget,
     *,
@@ -156,7 +167,10 @@ def build_engine(
 ) -> Engine:
     """An engine for *resolved*; the SQLite file is checked (and created 0600) first."""
     if not resolved.is_sqlite:
-        return sqlalchemy.create_engine(resolved.url, **engine_kwargs)
+        engine = sqlalchemy.create_engine(resolved.url, **engine_kwargs)
+        if engine.dialect.name == "postgresql":
+            event.listen(engine, "connect", _utc_session)
+        return engine
     url = resolved.url
     if resolved.path is not None:
         check_sqlite_file(resolved.path)

@@ -159,7 +159,7 @@ class RunProjection:
             "attempt_id": check.non_negative(start.attempt_id, "attempt_id") or 1,
             "repo": check.plain_text(start.repo, "repo"),
             "workflow": check.plain_text(start.workflow, "workflow"),
-            "ticket_id": check.plain_text(start.ticket_id, "ticket_id"),
+            "ticket_id": check.plain_text(start.ticket_id, "ticket_id", key=False),
             "ticket_key": check.plain_text(start.ticket_key, "ticket_key"),
             "state": RunState.STARTING.value,
             "now": require_aware(now, "now"),
@@ -178,7 +178,7 @@ class RunProjection:
         params = {
             "run": check.required_text(run_id, "run_id"),
             "state": new_state.value,
-            "last_error": check.optional_text(last_error, "last_error"),
+            "last_error": check.optional_text(last_error, "last_error", key=False),
             "finished_at": None
             if finished_at is None
             else require_aware(finished_at, "finished_at"),
@@ -194,7 +194,9 @@ class RunProjection:
         else:
             statement = sql.SET_RETRY
             params["retry_attempt"] = check.non_negative(status.attempt, "retry attempt")
-            params["retry_error"] = check.plain_text(status.last_error, "retry last_error")
+            params["retry_error"] = check.plain_text(
+                status.last_error, "retry last_error", key=False
+            )
             params["next_retry_at"] = require_aware(status.next_retry_at, "next_retry_at")
         self._update_run(run_id, statement, params, "update_retry")
 
@@ -208,7 +210,7 @@ class RunProjection:
             "run": check.required_text(run_id, "run_id"),
             "state": check.run_state(state).value,
             "node_name": check.required_text(node, "node"),
-            "visit": check.required_text(visit_id, "visit_id"),
+            "visit": check.required_text(visit_id, "visit_id", key=False),
             "now": self._now(),
         }
         subject = f"update_node of run {run_id!r} node {node!r} visit {visit_id!r}"
@@ -334,10 +336,10 @@ class RunProjection:
         params = {
             "run": check.required_text(runtime.run_id, "run_id"),
             "node_name": check.required_text(runtime.node, "node"),
-            "terminal": check.optional_text(runtime.terminal_id, "terminal_id"),
-            "session": check.optional_text(runtime.session_id, "session_id"),
+            "terminal": check.optional_text(runtime.terminal_id, "terminal_id", key=False),
+            "session": check.optional_text(runtime.session_id, "session_id", key=False),
             # None is the empty binding's visit: as empty as "".
-            "visit": check.required_text(runtime.node_visit_id or "", "node_visit_id"),
+            "visit": check.required_text(runtime.node_visit_id or "", "node_visit_id", key=False),
             "now": self._now(),
         }
         subject = f"update_node_runtime of run {runtime.run_id!r} node {runtime.node!r}"
@@ -348,7 +350,7 @@ class RunProjection:
         params = {
             "run": check.required_text(run_id, "run_id"),
             "node_name": check.required_text(node, "node"),
-            "visit": check.required_text(visit_id, "visit_id"),
+            "visit": check.required_text(visit_id, "visit_id", key=False),
             "now": self._now(),
         }
         subject = f"update_node_runtime_visit of run {run_id!r} node {node!r} visit {visit_id!r}"
@@ -359,7 +361,7 @@ class RunProjection:
         params = {
             "run": check.plain_text(run_id, "run_id"),
             "node_name": check.plain_text(node, "node"),
-            "visit": check.plain_text(visit_id, "visit_id"),
+            "visit": check.plain_text(visit_id, "visit_id", key=False),
         }
         return self._exists(sql.NODE_VISIT_IS_CURRENT, params, f"node {node!r} of run {run_id!r}")
 
@@ -375,11 +377,12 @@ class RunProjection:
         params = {
             "run": check.required_text(run_id, "run_id"),
             "node_name": check.required_text(node, "node"),
-            "visit": check.required_text(visit_id, "visit_id"),
-            "terminal": check.optional_text(terminal_id, "terminal_id"),
+            "visit": check.required_text(visit_id, "visit_id", key=False),
+            "terminal": check.optional_text(terminal_id, "terminal_id", key=False),
             # None (or '') matches a binding that has no session.
-            "previous": check.optional_text(previous_session_id, "previous_session_id") or "",
-            "session": check.optional_text(session_id, "session_id"),
+            "previous": check.optional_text(previous_session_id, "previous_session_id", key=False)
+            or "",
+            "session": check.optional_text(session_id, "session_id", key=False),
             "now": self._now(),
         }
         subject = f"node {node!r} of run {run_id!r} visit {visit_id!r}"
@@ -445,7 +448,7 @@ class RunProjection:
     def record_processed_report(self, run_id: str, visit_id: str, report_id: str) -> None:
         params = {
             "run": check.required_text(run_id, "run_id"),
-            "visit": check.required_text(visit_id, "visit_id"),
+            "visit": check.required_text(visit_id, "visit_id", key=False),
             "report": check.required_text(report_id, "report_id"),
             "now": self._now(),
         }

@@ -56,7 +56,38 @@ def normalize_stored_text(text: str | None) -> str | None:
     """Rewrite a stored timestamp into the canonical layout (used by the adoption migration)."""
     if text is None:
         return None
-    return to_storage_text(parse_stored_text(text))
+    return _normalize_utc_text(text) or to_storage_text(parse_stored_text(text))
+
+
+def _normalize_utc_text(text: str) -> str | None:
+    """Go's UTC layout ``2006-01-02 15:04:05[.999999999]+00:00`` made canonical by
+    padding or truncating the fraction: the result ``parse_stored_text`` would
+    give, at a third of its cost (a 1M-run adoption calls this ~3M times).
+    None for every other form, which takes the general path."""
+    length = len(text)
+    if not (length == 25 or 27 <= length <= 34) or not text.endswith("+00:00"):
+        return None
+    head = text[:19]
+    if not (
+        head.isascii()
+        and head[4] == head[7] == "-"
+        and head[10] == " "
+        and head[13] == head[16] == ":"
+    ):
+        return None
+    if length == 25:
+        fraction = "000000"
+    else:
+        digits = text[20:-6]
+        if text[19] != "." or not (digits.isascii() and digits.isdigit()):
+            return None
+        fraction = digits[:6].ljust(6, "0")
+    try:
+        if datetime.fromisoformat(head).tzinfo is not None:  # validates every field
+            return None
+    except ValueError:
+        return None
+    return f"{head}.{fraction}+00:00"
 
 
 class _SQLiteDateTimeText(types.UserDefinedType[str]):

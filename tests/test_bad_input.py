@@ -492,3 +492,33 @@ def test_megabyte_strings_are_stored_verbatim(projection: RunProjection) -> None
     assert projection.has_processed_report("r1", "rep-1")
     assert projection.identity() == identity
     projection.verify_identity(identity)
+
+
+KEY_LIMIT_CASES: list[tuple[str, Callable[[RunProjection, str], object]]] = [
+    ("run id", lambda p, v: p.insert_start(RunStart(v, "repo", "wf", "T", "K"), T0)),
+    ("repo", lambda p, v: p.insert_start(RunStart("r9", v, "wf", "T", "K"), T0)),
+    ("workflow", lambda p, v: p.insert_start(RunStart("r9", "repo", v, "T", "K"), T0)),
+    ("ticket_key", lambda p, v: p.insert_start(RunStart("r9", "repo", "wf", "T", v), T0)),
+    ("logical_id", lambda p, v: p.insert_start(RunStart("r9", "repo", "wf", "T", "K", v), T0)),
+    ("node", lambda p, v: p.update_node("r1", RunState.RUNNING, v, "visit")),
+    ("session_id", lambda p, v: p.register_node_session(NodeSessionRegistration("r1", "n", v))),
+    ("report_id", lambda p, v: p.record_processed_report("r1", "visit", v)),
+]
+
+
+@pytest.mark.parametrize(("name", "call"), KEY_LIMIT_CASES, ids=[c[0] for c in KEY_LIMIT_CASES])
+def test_identifiers_over_512_bytes_are_refused_alike(
+    projection: RunProjection,
+    table_rows: Rows,
+    name: str,
+    call: Callable[[RunProjection, str], object],
+) -> None:
+    """Keys are capped at 512 UTF-8 bytes on both databases (PostgreSQL's B-tree
+    entries cannot hold more than ~2.7 kB, and a key holds up to three of them)."""
+    projection.insert_start(start(), T0)
+    projection.update_node("r1", RunState.RUNNING, "n", "visit")
+    before = {table: table_rows(table) for table in ALL_TABLES}
+    with pytest.raises(ValueError, match=rf"^{re.escape(name)} is 513 bytes"):
+        call(projection, "é" * 256 + "x")  # 513 bytes, 257 characters
+    assert {table: table_rows(table) for table in ALL_TABLES} == before
+    call(projection, "é" * 256)  # exactly 512 bytes is accepted

@@ -8,15 +8,18 @@
 - SQLite only: timestamps written by Go's driver (nanoseconds, trimmed
   fractions, any offset) are rewritten in the canonical fixed-width UTC text,
   so that text order is time order again.
-- SQLite only: tables created by the Go DDL are rebuilt with the NOT NULL keys
-  the chain declares (``id TEXT PRIMARY KEY`` accepts NULL in SQLite), so an
-  adopted database matches the models (`alembic check`). This one copy of
-  relay_runs is a single transaction; tables this chain created are skipped.
+- SQLite only: relay_runs as the Go DDL created it (``id TEXT PRIMARY KEY``,
+  which SQLite lets hold NULL) is replaced by a copy with the NOT NULL key the
+  chain declares, so an adopted database matches the models (`alembic check`).
+  The copy applies the repairs above as it goes, so it costs no extra pass;
+  tables this chain created are updated in place instead.
 
-The rows are updated in batches of run ids, each batch its own statement in
-autocommit: WAL size and memory stay flat however many runs there are. Every
-step is idempotent, so an interrupted upgrade is simply run again (the
-version row moves only after the last batch).
+Rows are copied or updated in batches of run ids, each batch its own statement
+in autocommit: WAL size and memory stay flat however many runs there are.
+Every step is idempotent, so an interrupted upgrade is simply run again; the
+copy replaces relay_runs, and the version row moves, in one final transaction.
+Adoption expects no relay-flow worker writing meanwhile (the Go release being
+replaced is stopped), as any schema change of a live table would.
 
 Revision ID: 0004_adopt_legacy_rows
 Revises: 0003_generation_3
@@ -31,7 +34,7 @@ import sqlalchemy as sa
 from alembic import context, op
 
 from relay_flow_projection.errors import ProjectionError
-from relay_flow_projection.timestamps import normalize_stored_text
+from relay_flow_projection.timestamps import UtcDateTime, normalize_stored_text
 
 revision: str = "0004_adopt_legacy_rows"
 down_revision: str | Sequence[str] | None = "0003_generation_3"
@@ -134,28 +137,127 @@ def _in_range(column: sa.ColumnClause[Any], low: str | None, high: str | None) -
     return sa.and_(sa.true(), *conditions)
 
 
+RUN_COPY = "relay_runs_adopting"
+LEGACY_RUN_INDEXES = {
+    "relay_runs_ticket_key": ["ticket_key"],
+    "relay_runs_workflow_state": ["workflow", "state"],
+    "relay_runs_repo_state": ["repo", "state"],
+}
+
+
+def _run_columns(metadata: sa.MetaData, name: str) -> sa.Table:
+    """relay_runs with every column of 0003, as this chain creates it (NOT NULL id)."""
+    return sa.Table(
+        name,
+        metadata,
+        sa.Column("id", sa.Text(), nullable=False),
+        sa.Column("logical_run_id", sa.Text()),
+        sa.Column("attempt_id", sa.Integer()),
+        sa.Column("repo", sa.Text(), nullable=False),
+        sa.Column("workflow", sa.Text(), nullable=False),
+        sa.Column("ticket_id", sa.Text(), nullable=False),
+        sa.Column("ticket_key", sa.Text(), nullable=False),
+        sa.Column("state", sa.Text(), nullable=False),
+        sa.Column("current_node", sa.Text()),
+        sa.Column("current_node_visit_id", sa.Text()),
+        sa.Column("last_error", sa.Text()),
+        sa.Column("retry_error", sa.Text()),
+        sa.Column("retry_attempt", sa.Integer()),
+        sa.Column("next_retry_at", UtcDateTime()),
+        sa.Column("started_at", UtcDateTime(), nullable=False),
+        sa.Column("updated_at", UtcDateTime(), nullable=False),
+        sa.Column("finished_at", UtcDateTime()),
+        sa.PrimaryKeyConstraint("id", name="pk_relay_runs"),
+    )
+
+
+def _key_is_nullable(bind: sa.Connection, table: str, column: str) -> bool:
+    return any(c["nullable"] for c in sa.inspect(bind).get_columns(table) if c["name"] == column)
+
+
+def _require_foreign_keys_off(bind: sa.Connection) -> None:
+    if bind.exec_driver_sql("PRAGMA foreign_keys").scalar():
+        # A caller-provided connection with foreign keys on: dropping the old
+        # relay_runs would cascade-delete every child row. Refuse instead.
+        raise ProjectionError(
+            "adopting this database replaces relay_runs, which needs SQLite foreign keys "
+            "off: run the upgrade through relay_flow_projection.upgrade() or `alembic upgrade`"
+        )
+
+
+def _start_run_copy(bind: sa.Connection) -> tuple[sa.Table, sa.Table]:
+    """An empty copy of relay_runs to fill (a leftover of an interrupted run is dropped)."""
+    metadata = sa.MetaData()
+    source = _run_columns(metadata, "relay_runs")
+    copy = _run_columns(metadata, RUN_COPY)
+    copy.drop(bind, checkfirst=True)
+    copy.create(bind)
+    missing = bind.execute(
+        sa.select(sa.func.count()).select_from(source).where(source.c.id.is_(None))
+    ).scalar_one()
+    if missing:
+        log.warning("skipped %d relay_runs rows without an id: nothing can refer to them", missing)
+    return source, copy
+
+
+def _copy_runs(
+    bind: sa.Connection, source: sa.Table, copy: sa.Table, low: str | None, high: str | None
+) -> None:
+    repairs = _repairs(source, normalize_timestamps=True)
+    selected = [repairs.get(column.name, column) for column in source.columns]
+    rows = sa.select(*selected).where(source.c.id.is_not(None), _in_range(source.c.id, low, high))
+    bind.execute(sa.insert(copy).from_select([c.name for c in copy.columns], rows))
+
+
+def _index_run_copy(copy: sa.Table) -> None:
+    """Move the Go indexes onto the copy (the old table's go first: names are per schema)."""
+    for name, columns in LEGACY_RUN_INDEXES.items():
+        op.drop_index(name, table_name="relay_runs", if_exists=True)
+        op.create_index(name, copy.name, columns)
+
+
 def upgrade() -> None:
     bind = op.get_bind()
-    offline = context.is_offline_mode()
-    normalize = bind.dialect.name == "sqlite" and not offline
-    if normalize:
+    if context.is_offline_mode():
+        # No reads in a printed script: one statement per table.
+        with op.get_context().autocommit_block():
+            for table in (runs, *CHILDREN):
+                op.execute(sa.update(table).values(_repairs(table, False)))
+        return
+    sqlite = bind.dialect.name == "sqlite"
+    if sqlite:
         bind.connection.driver_connection.create_function(  # type: ignore[union-attr]
             NORMALIZE_FUNCTION, 1, normalize_stored_text, deterministic=True
         )
+    replace_runs = sqlite and _key_is_nullable(bind, "relay_runs", "id")
+    rebuild_identity = sqlite and _key_is_nullable(bind, "relay_executor_identity", "singleton")
+    if replace_runs or rebuild_identity:
+        _require_foreign_keys_off(bind)
     with op.get_context().autocommit_block():
-        if offline:
-            # No reads in a printed script: one statement per table.
-            for table in (runs, *CHILDREN):
-                op.execute(sa.update(table).values(_repairs(table, False)))
-            return
         _delete_orphans(bind)
+        if replace_runs:
+            source, copy = _start_run_copy(bind)
+        in_place = CHILDREN if replace_runs else (runs, *CHILDREN)
         for low, high in _batch_bounds(bind):
-            for table in (runs, *CHILDREN):
+            if replace_runs:
+                _copy_runs(bind, source, copy, low, high)
+            for table in in_place:
                 key = table.c.id if table is runs else table.c.run_id
-                values = _repairs(table, normalize)
+                values = _repairs(table, sqlite)
                 if values:
                     bind.execute(sa.update(table).where(_in_range(key, low, high)).values(values))
-    _require_not_null_keys(bind)
+        if replace_runs:
+            _index_run_copy(copy)
+    # The swap and the version row commit together.
+    if replace_runs:
+        op.drop_table("relay_runs")
+        op.rename_table(RUN_COPY, "relay_runs")
+    if rebuild_identity:
+        # From 0003's definition: a rebuild by reflection would lose the CHECK.
+        with op.batch_alter_table(
+            "relay_executor_identity", copy_from=_identity_table(), recreate="always"
+        ):
+            pass
 
 
 def _identity_table() -> sa.Table:
@@ -170,43 +272,6 @@ def _identity_table() -> sa.Table:
         sa.CheckConstraint("singleton = 1", name="ck_relay_executor_identity_singleton"),
         sa.PrimaryKeyConstraint("singleton", name="pk_relay_executor_identity"),
     )
-
-
-def _require_not_null_keys(bind: sa.Connection) -> None:
-    """SQLite: rebuild Go-created tables whose primary key reflects as nullable.
-
-    Runs with foreign keys off (migration_env), so dropping the old relay_runs
-    cascades nothing. The identity table is rebuilt from 0003's definition: a
-    rebuild from reflection would drop its unnamed CHECK constraint.
-    """
-    if bind.dialect.name != "sqlite":
-        return
-    inspector = sa.inspect(bind)
-    runs_id_nullable = any(
-        c["nullable"] for c in inspector.get_columns("relay_runs") if c["name"] == "id"
-    )
-    singleton_nullable = any(
-        c["nullable"]
-        for c in inspector.get_columns("relay_executor_identity")
-        if c["name"] == "singleton"
-    )
-    if not (runs_id_nullable or singleton_nullable):
-        return  # tables created by this chain
-    if bind.exec_driver_sql("PRAGMA foreign_keys").scalar():
-        # A caller-provided connection with foreign keys on: dropping the old
-        # relay_runs would cascade-delete every child row. Refuse instead.
-        raise ProjectionError(
-            "adopting this database rebuilds relay_runs, which needs SQLite foreign keys "
-            "off: run the upgrade through relay_flow_projection.upgrade() or `alembic upgrade`"
-        )
-    if runs_id_nullable:
-        with op.batch_alter_table("relay_runs") as batch:
-            batch.alter_column("id", existing_type=sa.Text(), nullable=False)
-    if singleton_nullable:
-        with op.batch_alter_table(
-            "relay_executor_identity", copy_from=_identity_table(), recreate="always"
-        ):
-            pass
 
 
 def downgrade() -> None:

@@ -54,9 +54,9 @@ BASE = datetime(2026, 3, 1, 12, 0, 0, tzinfo=UTC)
 STEPS = 50
 
 RUN_IDS = ["r1", "R2", "é3", "x'); DROP TABLE relay_runs; --"]
-NODES = ["plan", "build", "Zeta"]
-VISITS = ["v1", "v2", "v3"]
-SESSIONS = ["s1", "s2", "s3"]
+NODES = ["build", "Zeta"]  # "Zeta" sorts first: byte order on both databases
+VISITS = ["v1", "v2"]
+SESSIONS = ["s1", "s2"]
 REPORTS = ["rep1", "rep2"]
 
 run_ids = st.sampled_from(RUN_IDS)
@@ -175,21 +175,16 @@ class Counters:
 
 
 def _clear(engine: Engine) -> None:
+    """A clean database for the next example (DELETE beats TRUNCATE on tables this small)."""
     with engine.begin() as connection:
-        if engine.dialect.name == "postgresql":
-            connection.exec_driver_sql(
-                "TRUNCATE relay_node_sessions, relay_processed_reports, relay_node_runtime, "
-                "relay_runs, relay_executor_identity"
-            )
-        else:
-            for table in (
-                "relay_node_sessions",
-                "relay_processed_reports",
-                "relay_node_runtime",
-                "relay_runs",
-                "relay_executor_identity",
-            ):
-                connection.exec_driver_sql(f"DELETE FROM {table}")
+        for table in (
+            "relay_node_sessions",
+            "relay_processed_reports",
+            "relay_node_runtime",
+            "relay_runs",
+            "relay_executor_identity",
+        ):
+            connection.exec_driver_sql(f"DELETE FROM {table}")
 
 
 def machine_for(engine: Engine, counters: Counters) -> type[RuleBasedStateMachine]:
@@ -419,8 +414,14 @@ def machine_for(engine: Engine, counters: Counters) -> type[RuleBasedStateMachin
 
 
 @pytest.fixture
-def model_engine(migrated_url: str) -> Iterator[Engine]:
-    engine = create_engine(migrated_url)
+def model_engine(migrated_url: str, dialect: str) -> Iterator[Engine]:
+    target = migrated_url
+    if dialect == "postgresql":
+        # Semantics, not durability, are under test: skip the fsync of each commit.
+        url = sa.make_url(migrated_url)
+        options = f"{url.query.get('options', '')} -csynchronous_commit=off".strip()
+        target = url.update_query_dict({"options": options}).render_as_string(hide_password=False)
+    engine = create_engine(target)
     yield engine
     engine.dispose()
 

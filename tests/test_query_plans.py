@@ -1,0 +1,232 @@
+"""Query plans: listings, keyset pages, existence checks and retention use their indexes.
+
+Each case runs a public method, records the statement the driver actually
+received (whichever execution path the repository took), and asks the
+database to plan exactly that statement with exactly those parameters:
+``EXPLAIN QUERY PLAN`` on SQLite, ``EXPLAIN`` on PostgreSQL.
+
+SQLite must walk the partial index in list order -- no temp b-tree sort, no
+table scan -- with or without ``ANALYZE`` statistics. On PostgreSQL, whose
+planner rightly prefers sequential scans on a small table, sequential scans
+are disabled for the ``EXPLAIN``: the case then shows that the partial index
+*can* answer the query, i.e. that the query's predicate matches the index's.
+No timing anywhere: speed is measured by ``benchmarks/run.py``.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any, Self
+
+import psycopg
+import pytest
+from sqlalchemy.engine import Engine
+
+from relay_flow_projection import RunFilter, RunProjection, create_engine
+from relay_flow_projection.schema import runs
+
+T0 = datetime(2026, 1, 1, tzinfo=UTC)
+RUNS = 3_000
+Sent = list[tuple[str, Any]]
+
+
+def _run_rows() -> list[dict[str, Any]]:
+    """3,000 runs in 5 workflows and 3 repos; one in 40 active, the others finished."""
+    rows = []
+    for index in range(RUNS):
+        started = T0 + timedelta(minutes=index)
+        active = index % 40 == 0
+        state = "running" if active else ("canceled" if index % 7 == 0 else "completed")
+        rows.append(
+            {
+                "id": f"r{index:05d}",
+                "logical_run_id": f"r{index:05d}",
+                "attempt_id": 1,
+                "repo": f"repo-{index % 3}",
+                "workflow": f"wf-{index % 5}",
+                "ticket_id": f"T-{index}",
+                "ticket_key": f"KEY-{index}",
+                "state": state,
+                "started_at": started,
+                "updated_at": started,
+                "finished_at": None if active else started + timedelta(seconds=30),
+            }
+        )
+    return rows
+
+
+# What the driver received, recorded below SQLAlchemy (so every path is seen).
+SENT: Sent = []
+
+
+class _RecordingSQLiteCursor(sqlite3.Cursor):
+    def execute(self, sql: str, parameters: Any = (), /) -> Self:
+        SENT.append((sql, parameters))
+        return super().execute(sql, parameters)
+
+
+class _RecordingSQLiteConnection(sqlite3.Connection):
+    def cursor(self, factory: Any = _RecordingSQLiteCursor) -> Any:
+        return super().cursor(factory)
+
+
+class _RecordingPostgresCursor(psycopg.Cursor[Any]):
+    def execute(self, query: Any, params: Any = None, **kwargs: Any) -> Any:
+        SENT.append((query if isinstance(query, str) else bytes(query).decode(), params))
+        return super().execute(query, params, **kwargs)
+
+
+@dataclass
+class Planned:
+    projection: RunProjection
+    engine: Engine
+    dialect: str
+
+    def sent_select(self, call: Callable[[RunProjection], object]) -> tuple[str, Any]:
+        """The first SELECT on relay_runs that *call* sent to the driver."""
+        SENT.clear()
+        call(self.projection)
+        for statement, parameters in SENT:
+            normalized = " ".join(statement.split()).upper()
+            if normalized.startswith("SELECT") and "FROM RELAY_RUNS" in normalized:
+                return statement, parameters
+        raise AssertionError(f"no SELECT on relay_runs among {SENT!r}")
+
+    def plans(self, call: Callable[[RunProjection], object]) -> list[list[str]]:
+        return self.plans_of(*self.sent_select(call))
+
+    def plans_of(self, statement: str, parameters: Any) -> list[list[str]]:
+        """SQLite: the plan without statistics, then after ANALYZE; PostgreSQL: analyzed."""
+        if self.dialect == "postgresql":
+            return [self._plan(statement, parameters)]
+        unanalyzed = self._plan(statement, parameters)
+        with self.engine.connect() as connection:
+            connection.exec_driver_sql("ANALYZE")
+            connection.commit()
+        return [unanalyzed, self._plan(statement, parameters)]
+
+    def _plan(self, statement: str, parameters: Any) -> list[str]:
+        with self.engine.connect() as connection:
+            if self.dialect == "sqlite":
+                rows = connection.exec_driver_sql(
+                    "EXPLAIN QUERY PLAN " + statement, tuple(parameters)
+                ).fetchall()
+                plan = [str(row[3]) for row in rows]
+            else:
+                connection.exec_driver_sql("SET LOCAL enable_seqscan = off")
+                rows = connection.exec_driver_sql(
+                    "EXPLAIN (COSTS OFF) " + statement, parameters
+                ).fetchall()
+                plan = [str(row[0]).strip() for row in rows]
+            connection.rollback()
+        return plan
+
+
+@pytest.fixture
+def planned(migrated_url: str, dialect: str) -> Iterator[Planned]:
+    recording: dict[str, Any] = (
+        {"factory": _RecordingSQLiteConnection}
+        if dialect == "sqlite"
+        else {"cursor_factory": _RecordingPostgresCursor}
+    )
+    engine = create_engine(migrated_url, connect_args=recording)
+    with engine.begin() as connection:
+        connection.execute(runs.insert(), _run_rows())
+    if dialect == "postgresql":
+        with engine.connect() as connection:
+            connection.exec_driver_sql("ANALYZE")
+            connection.commit()
+    yield Planned(RunProjection(engine), engine, dialect)
+    engine.dispose()
+    SENT.clear()
+
+
+def _anchor(planned: Planned) -> Any:
+    return planned.projection.get_run("r01000")
+
+
+def _assert_uses(plans: list[list[str]], index: str, dialect: str, *, ordered: bool) -> None:
+    for plan in plans:
+        _assert_plan_uses(plan, index, dialect, ordered=ordered)
+
+
+def _assert_plan_uses(plan: list[str], index: str, dialect: str, *, ordered: bool) -> None:
+    text = "\n".join(plan)
+    assert index in text, f"expected {index} in the plan:\n{text}"
+    if dialect == "sqlite":
+        assert "TEMP B-TREE" not in text, f"a sort in the plan:\n{text}"
+        scans = [line for line in plan if line.startswith("SCAN relay_runs")]
+        assert scans == [], f"a table scan in the plan:\n{text}"
+    elif ordered:
+        assert not any(line.startswith("Sort") for line in plan), f"a sort in the plan:\n{text}"
+
+
+ACTIVE_DEPLOYS = RunFilter(workflow="wf-0", active=True)
+
+
+def test_active_runs_of_a_workflow_walk_the_partial_index(planned: Planned) -> None:
+    plan = planned.plans(lambda p: p.list_runs(ACTIVE_DEPLOYS))
+    # PostgreSQL may sort a handful of bitmap-fetched rows; SQLite must not.
+    _assert_uses(plan, "relay_runs_active_workflow", planned.dialect, ordered=False)
+    listed = planned.projection.list_runs(ACTIVE_DEPLOYS)
+    assert len(listed) == RUNS // 40  # every active run is in wf-0 (index % 40 == 0)
+    assert [run.id for run in listed] == sorted(run.id for run in listed)
+
+
+def test_keyset_page_of_active_runs_uses_the_partial_index(planned: Planned) -> None:
+    anchor = _anchor(planned)
+    plan = planned.plans(lambda p: p.list_runs(ACTIVE_DEPLOYS, limit=5, after=anchor))
+    _assert_uses(plan, "relay_runs_active_workflow", planned.dialect, ordered=True)
+
+
+def test_keyset_page_over_everything_uses_the_list_order_index(planned: Planned) -> None:
+    anchor = _anchor(planned)
+    plan = planned.plans(lambda p: p.list_runs(limit=10, after=anchor))
+    _assert_uses(plan, "relay_runs_list_order", planned.dialect, ordered=True)
+
+
+def test_iter_runs_pages_use_the_list_order_index(planned: Planned) -> None:
+    SENT.clear()
+    iterator = planned.projection.iter_runs(batch_size=100)
+    for _ in range(101):  # the 101st run comes from the second, keyset page
+        next(iterator)
+    selects = [
+        (statement, parameters)
+        for statement, parameters in SENT
+        if statement.lstrip().upper().startswith("SELECT") and "FROM relay_runs" in statement
+    ]
+    assert len(selects) == 2
+    plan = planned.plans_of(*selects[1])
+    _assert_uses(plan, "relay_runs_list_order", planned.dialect, ordered=True)
+
+
+def test_has_active_workflow_uses_its_partial_index(planned: Planned) -> None:
+    plan = planned.plans(lambda p: p.has_active_workflow("wf-1"))
+    _assert_uses(plan, "relay_runs_active_workflow", planned.dialect, ordered=False)
+    # Every active run is in wf-0 (index % 40 == 0 implies index % 5 == 0).
+    assert planned.projection.has_active_workflow("wf-0") is True
+    assert planned.projection.has_active_workflow("wf-1") is False
+
+
+def test_has_active_repo_uses_its_partial_index(planned: Planned) -> None:
+    plan = planned.plans(lambda p: p.has_active_repo("repo-1"))
+    _assert_uses(plan, "relay_runs_active_repo", planned.dialect, ordered=False)
+    assert planned.projection.has_active_repo("repo-1") is True
+    assert planned.projection.has_active_repo("repo-9") is False
+
+
+def test_count_sweepable_uses_the_sweepable_index(planned: Planned) -> None:
+    cutoff = T0 + timedelta(days=1)
+    plan = planned.plans(lambda p: p.count_sweepable(cutoff))
+    _assert_uses(plan, "relay_runs_sweepable", planned.dialect, ordered=False)
+    expected = sum(1 for index in range(24 * 60) if index % 40)  # finished before the cutoff
+    assert planned.projection.count_sweepable(cutoff) == expected
+
+
+def test_sweep_selects_its_batches_from_the_sweepable_index(planned: Planned) -> None:
+    cutoff = T0 + timedelta(hours=1)
+    plan = planned.plans(lambda p: p.sweep_retention(cutoff, batch_size=10))
+    _assert_uses(plan, "relay_runs_sweepable", planned.dialect, ordered=True)
