@@ -9,7 +9,6 @@ import sys
 from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path
 
-import pytest
 import sqlalchemy as sa
 
 from relay_flow_projection import (
@@ -65,7 +64,9 @@ def test_concurrent_alembic_upgrades_run_the_chain_once(postgres_url: str) -> No
     env = {**os.environ, "RELAY_FLOW_DATABASE_URL": postgres_url}
     command = [ALEMBIC, "-c", str(REPO_ROOT / "alembic.ini"), "upgrade", "head"]
     processes = [
-        subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        subprocess.Popen(
+            command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
         for _ in range(4)
     ]
     outputs = [process.communicate(timeout=120) for process in processes]
@@ -108,7 +109,8 @@ def test_identity_race_writes_exactly_one_marker(postgres_url: str) -> None:
             rows = connection.execute(sa.text("SELECT count(*) FROM relay_executor_identity"))
             assert rows.scalar_one() == 1
         marker = RunProjection(engine).identity()
-        assert marker is not None and marker.executor_plugin == "temporal"
+        assert marker is not None
+        assert marker.executor_plugin == "temporal"
     finally:
         engine.dispose()
 

@@ -18,5 +18,5 @@ def test_usage_example_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> 
     monkeypatch.chdir(tmp_path)
     usage = _python_blocks()[0]
     namespace: dict[str, object] = {}
-    exec(compile(usage, "README.md", "exec"), namespace)  # noqa: S102 - our own README
+    exec(compile(usage, "README.md", "exec"), namespace)
     assert (tmp_path / "relay-flow.db").exists()
