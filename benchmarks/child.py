@@ -1,7 +1,7 @@
 """Child-process entry: ``python -m benchmarks.child '<json>'`` runs one section, prints JSON.
 
-Each section runs in a process of its own so that peak memory (read by the
-parent with ``os.wait4``) and warm caches do not leak from one into another.
+Each section runs in a process of its own so that peak memory (the child's
+own VmHWM) and warm caches do not leak from one into another.
 """
 
 from __future__ import annotations

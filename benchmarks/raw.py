@@ -270,7 +270,10 @@ class RawPostgres:
     def __init__(self, conninfo: str) -> None:
         self.clock: Callable[[], datetime] = _utc_now
         self.reader = psycopg.connect(conninfo, autocommit=True)
-        self.writer = psycopg.connect(conninfo)
+        self.writer = psycopg.connect(conninfo, autocommit=True)
+        for connection in (self.reader, self.writer):
+            connection.execute("SET TIME ZONE 'UTC'")  # as engine.py's connect listener does
+        self.writer.autocommit = False
 
     def close(self) -> None:
         self.reader.close()

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import itertools
 import os
-import resource
 import sqlite3
 import statistics
 import threading
@@ -59,17 +58,18 @@ def _us(nanoseconds: float) -> float:
     return nanoseconds / 1000.0
 
 
-def rss_kib() -> int:
-    """Current resident set size of this process, in KiB."""
-    with open("/proc/self/status") as status:
+def proc_status_kib(field: str, pid: int | str = "self") -> int:
+    """A memory field of /proc/<pid>/status (VmRSS: now, VmHWM: peak), in KiB.
+
+    VmHWM is the peak of this process image only. ``ru_maxrss`` is not used: on
+    Linux it carries the parent's resident size across fork and exec, so every
+    child of a large parent would report the parent's peak.
+    """
+    with open(f"/proc/{pid}/status") as status:
         for line in status:
-            if line.startswith("VmRSS:"):
+            if line.startswith(f"{field}:"):
                 return int(line.split()[1])
     return 0
-
-
-def peak_rss_kib() -> int:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 
 
 # ------------------------------------------------------ 1. per operation ---
@@ -410,7 +410,7 @@ def iterate(target: Target, runs: int) -> dict[str, Any]:
     projection = RunProjection(engine)
     iterator = projection.iter_runs()
     first = next(iterator)  # the first page is in: engine, caches and one page resident
-    baseline = rss_kib()
+    baseline = proc_status_kib("VmRSS")
     count = 1
     previous = first
     started = time.perf_counter()
@@ -427,6 +427,6 @@ def iterate(target: Target, runs: int) -> dict[str, Any]:
         "runs": count,
         "seconds": elapsed,
         "baseline_rss_kib": baseline,
-        "peak_rss_kib": peak_rss_kib(),
+        "peak_rss_kib": proc_status_kib("VmHWM"),
         "pid": os.getpid(),
     }

@@ -32,7 +32,7 @@ from .dataset import (
     load_sqlite,
     postgres_available,
 )
-from .sections import Target
+from .sections import Target, proc_status_kib
 from .table import Results, render
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -49,18 +49,20 @@ class Sizes:
     thread_iterations: int
     repeat: int  # samples per listing measurement
     sweep_batch: int
+    sweep_repeats: int  # fresh copies swept by the layer; the median is reported
     adoption_runs: tuple[int, ...]
 
 
 FULL = Sizes(
     runs=1_000_000,
-    rounds=10,
+    rounds=15,
     read_block=1_000,
-    write_block={"sqlite": 1_000, "postgresql": 60},
+    write_block={"sqlite": 1_000, "postgresql": 100},
     threads=8,
     thread_iterations=100,
     repeat=50,
     sweep_batch=1_000,
+    sweep_repeats=3,
     adoption_runs=(100_000, 1_000_000),
 )
 QUICK = Sizes(
@@ -72,6 +74,7 @@ QUICK = Sizes(
     thread_iterations=10,
     repeat=10,
     sweep_batch=1_000,
+    sweep_repeats=1,
     adoption_runs=(2_000, 20_000),
 )
 
@@ -81,22 +84,22 @@ def log(message: str) -> None:
     sys.stderr.flush()
 
 
-def run_child(section: str, target: Target, **params: Any) -> tuple[dict[str, Any], int]:
-    """Run one section in a fresh interpreter; returns its result and its peak RSS (KiB)."""
+def run_child(section: str, target: Target, **params: Any) -> dict[str, Any]:
+    """Run one section in a fresh interpreter; returns its result."""
     request = json.dumps({"section": section, "target": asdict(target), **params})
     with tempfile.TemporaryFile("w+") as output:
         process = subprocess.Popen(
             [sys.executable, "-m", "benchmarks.child", request], cwd=ROOT, stdout=output
         )
-        _, status, usage = os.wait4(process.pid, 0)
-        process.returncode = os.waitstatus_to_exitcode(status)
+        process.wait()
         if process.returncode != 0:
             raise RuntimeError(
                 f"section {section} on {target.dialect} failed ({process.returncode})"
             )
         output.seek(0)
         lines = output.read().strip().splitlines()
-    return json.loads(lines[-1]), usage.ru_maxrss
+    result: dict[str, Any] = json.loads(lines[-1])
+    return result
 
 
 class Databases:
@@ -156,7 +159,7 @@ def measure_dialect(databases: Databases, sizes: Sizes, results: Results) -> Non
 
     with databases.fresh() as target:
         log(f"{dialect}: 1. per-operation cost, layer vs raw driver")
-        ops, _ = run_child(
+        ops = run_child(
             "operations",
             target,
             runs=sizes.runs,
@@ -167,26 +170,32 @@ def measure_dialect(databases: Databases, sizes: Sizes, results: Results) -> Non
         results.put(dialect, "operations", ops)
     with databases.fresh(empty=True) as target:
         log(f"{dialect}: 1. {sizes.threads} threads on shared runs")
-        shared, _ = run_child(
+        shared = run_child(
             "concurrency", target, threads=sizes.threads, iterations=sizes.thread_iterations
         )
         results.put(dialect, "concurrency", shared)
     with databases.fresh() as target:
         log(f"{dialect}: 2. listings, keyset pages, counts")
-        listed, _ = run_child("listings", target, runs=sizes.runs, repeat=sizes.repeat)
+        listed = run_child("listings", target, runs=sizes.runs, repeat=sizes.repeat)
         results.put(dialect, "listings", listed)
-    with databases.fresh() as target:
-        log(f"{dialect}: 3. sweep_retention")
-        swept, rss = run_child("sweep_layer", target, runs=sizes.runs, batch_size=sizes.sweep_batch)
-        results.put(dialect, "sweep_layer", {**swept, "peak_rss_kib": rss})
+    sweeps = []
+    for repeat in range(sizes.sweep_repeats):
+        with databases.fresh() as target:
+            log(f"{dialect}: 3. sweep_retention ({repeat + 1}/{sizes.sweep_repeats})")
+            sweeps.append(
+                run_child("sweep_layer", target, runs=sizes.runs, batch_size=sizes.sweep_batch)
+            )
+    sweeps.sort(key=lambda sweep: float(sweep["seconds"]))
+    median = sweeps[len(sweeps) // 2]
+    results.put(dialect, "sweep_layer", {**median, "all_seconds": [s["seconds"] for s in sweeps]})
     with databases.fresh() as target:
         log(f"{dialect}: 3. the Go algorithm on the same data")
-        go, _ = run_child("sweep_go", target, runs=sizes.runs)
+        go = run_child("sweep_go", target, runs=sizes.runs)
         results.put(dialect, "sweep_go", go)
     with databases.fresh() as target:
         log(f"{dialect}: 5. iter_runs over every run")
-        iterated, rss = run_child("iterate", target, runs=sizes.runs)
-        results.put(dialect, "iterate", {**iterated, "peak_rss_kib": rss})
+        iterated = run_child("iterate", target, runs=sizes.runs)
+        results.put(dialect, "iterate", iterated)
 
 
 def _legacy_module() -> ModuleType:
@@ -208,21 +217,21 @@ def adopt(workdir: Path, runs: int) -> dict[str, Any]:
     environment = {**os.environ, "RELAY_FLOW_DATABASE_URL": f"sqlite:///{path}"}
     alembic = Path(sys.executable).with_name("alembic")
     command = [str(alembic)] if alembic.exists() else [sys.executable, "-m", "alembic"]
-    peak_wal = 0
+    peak_wal = peak_rss = 0
     with tempfile.TemporaryFile() as output:
         started = time.perf_counter()
         process = subprocess.Popen(
             [*command, "upgrade", "head"], cwd=ROOT, env=environment, stdout=output, stderr=output
         )
         while True:
-            pid, status, usage = os.wait4(process.pid, os.WNOHANG)
-            if pid:
-                break
+            with suppress(FileNotFoundError, ProcessLookupError):
+                peak_rss = max(peak_rss, proc_status_kib("VmHWM", process.pid))
             with suppress(FileNotFoundError):
                 peak_wal = max(peak_wal, wal.stat().st_size)
+            if process.poll() is not None:
+                break
             time.sleep(0.01)
         elapsed = time.perf_counter() - started
-        process.returncode = os.waitstatus_to_exitcode(status)
         if process.returncode != 0:
             output.seek(0)
             raise RuntimeError(f"alembic upgrade head failed:\n{output.read().decode()}")
@@ -240,7 +249,7 @@ def adopt(workdir: Path, runs: int) -> dict[str, Any]:
         raise AssertionError(f"adoption incomplete: {version=} {counted=} {unsorted=}")
     for suffix in ("", "-wal", "-shm"):
         Path(f"{path}{suffix}").unlink(missing_ok=True)
-    return {"runs": runs, "seconds": elapsed, "peak_rss_kib": usage.ru_maxrss, "peak_wal": peak_wal}
+    return {"runs": runs, "seconds": elapsed, "peak_rss_kib": peak_rss, "peak_wal": peak_wal}
 
 
 def parse_arguments(argv: list[str]) -> argparse.Namespace:

@@ -113,6 +113,14 @@ def require_head(engine: Engine, resolved: ResolvedTarget) -> None:
     except DBAPIError as exc:
         raise _translate_open_error(exc, resolved) from exc
     if current != head:
+        known = {script.revision for script in migrate.script_directory().walk_revisions()}
+        if current is not None and current not in known:
+            # Upgrading cannot help here: the advice below would be wrong.
+            raise SchemaOutOfDate(
+                f"{resolved.describe()} is at revision {current}, which this release of "
+                f"relay_flow_projection does not know (its head is {head}); it was written "
+                "by a newer release: upgrade relay_flow_projection"
+            )
         raise SchemaOutOfDate(
             f"{resolved.describe()} is at revision {current or '(none)'}, not at head {head}; "
             "run `alembic upgrade head` or open_projection(..., upgrade=True)"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sqlite3
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -114,6 +115,25 @@ def create_private_file(path: Path) -> None:
         os.close(fd)
 
 
+def _enter_wal_mode(cursor: sqlite3.Cursor) -> None:
+    """``PRAGMA journal_mode = WAL``, retried while another connection holds a lock.
+
+    Switching a new database into WAL mode needs an exclusive lock, and SQLite
+    answers "database is locked" at once, without the busy handler: processes
+    initializing one new file together failed here. Once in WAL mode (it
+    persists in the file) the pragma takes no lock and succeeds first time.
+    """
+    deadline = time.monotonic() + BUSY_TIMEOUT_MS / 1000
+    while True:
+        try:
+            cursor.execute("PRAGMA journal_mode = WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.005)
+
+
 def _install_sqlite_listeners(engine: Engine, *, foreign_keys: bool, read_only: bool) -> None:
     @event.listens_for(engine, "connect")
     def _on_connect(dbapi_connection: sqlite3.Connection, _record: Any) -> None:
@@ -126,7 +146,7 @@ def _install_sqlite_listeners(engine: Engine, *, foreign_keys: bool, read_only: 
             cursor.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
             cursor.execute(f"PRAGMA foreign_keys = {'ON' if foreign_keys else 'OFF'}")
             if not read_only:
-                cursor.execute("PRAGMA journal_mode = WAL")
+                _enter_wal_mode(cursor)
                 cursor.execute("PRAGMA synchronous = NORMAL")
                 cursor.execute(f"PRAGMA journal_size_limit = {JOURNAL_SIZE_LIMIT}")
         finally:

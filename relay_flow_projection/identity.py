@@ -22,7 +22,9 @@ def validate_identity(identity: ExecutorIdentity) -> None:
             raise InvalidIdentity("temporal identity requires a non-blank address and namespace")
     else:
         raise InvalidIdentity(
-            f"unknown executor plugin {plugin!r} (expected one of: {', '.join(EXECUTOR_PLUGINS)})"
+            # At most 40 characters of the given name: a message never echoes a megabyte.
+            f"unknown executor plugin {plugin[:40]!r} "
+            f"(expected one of: {', '.join(EXECUTOR_PLUGINS)})"
         )
     for name in ("executor_plugin", "temporal_address", "temporal_namespace"):
         if "\x00" in getattr(identity, name):

@@ -602,7 +602,7 @@ class _LeanConnection:
         cursor = self._cursor
         try:
             cursor.execute(prepared.sql, values)
-            fetched = cursor.fetchall() if cursor.description is not None else []
+            fetched = cursor.fetchall() if prepared.returns_rows else []
         except lean.error as exc:
             raise _driver_error(exc, prepared.sql, values, lean.dialect) from exc
         return sql.LeanResult(prepared.rows(fetched), cursor.rowcount)

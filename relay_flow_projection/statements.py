@@ -511,7 +511,15 @@ def insert_identity_once(dialect: Dialect) -> Any:
 class Prepared:
     """One Core statement compiled for one dialect, ready for ``cursor.execute``."""
 
-    __slots__ = ("bind_processors", "defaults", "names", "positional", "result_processors", "sql")
+    __slots__ = (
+        "bind_processors",
+        "defaults",
+        "names",
+        "positional",
+        "result_processors",
+        "returns_rows",
+        "sql",
+    )
 
     def __init__(self, statement: Any, dialect: Dialect) -> None:
         compiled: Any = statement.compile(dialect=dialect)
@@ -521,6 +529,8 @@ class Prepared:
         if "__[POSTCOMPILE" in expanded.statement:
             raise ValueError("expanding parameters cannot be prepared once")
         self.sql: str = expanded.statement
+        # Known here, so no cursor.description per call (psycopg builds it anew).
+        self.returns_rows = bool(statement.is_select or compiled.effective_returning)
         self.positional: bool = bool(dialect.positional)
         self.names: tuple[str, ...] = tuple(
             expanded.positiontup if self.positional else expanded.parameters

@@ -44,8 +44,9 @@ def test_timestamps_are_timestamptz(postgres_url: str) -> None:
     try:
         columns = {c["name"]: c["type"] for c in sa.inspect(engine).get_columns("relay_runs")}
         for name in ("started_at", "updated_at", "finished_at", "next_retry_at"):
-            assert isinstance(columns[name], sa.TIMESTAMP)
-            assert columns[name].timezone, name
+            column_type = columns[name]
+            assert isinstance(column_type, sa.TIMESTAMP)
+            assert column_type.timezone, name
         # A value given at +05:30 is one instant, read back in UTC.
         projection = RunProjection(engine)
         india = timezone(timedelta(hours=5, minutes=30))

@@ -23,40 +23,28 @@ TERMINAL = sa.text("state IN ('canceled', 'completed')")
 
 
 def upgrade() -> None:
-    # One index per transaction: SQLite writes a new index through the WAL, so
-    # the WAL peaks at the largest index rather than at all five together
-    # (1M adopted runs: 187 -> ~50 MiB); IF NOT EXISTS lets an interrupted
-    # upgrade simply run again.
-    with op.get_context().autocommit_block():
+    op.create_index("relay_runs_list_order", "relay_runs", ["started_at", "id"])
+    op.create_index(
+        "relay_runs_logical_attempts", "relay_runs", ["logical_run_id", "started_at", "attempt_id"]
+    )
+    for name, column in (
+        ("relay_runs_active_workflow", "workflow"),
+        ("relay_runs_active_repo", "repo"),
+    ):
         op.create_index(
-            "relay_runs_list_order", "relay_runs", ["started_at", "id"], if_not_exists=True
-        )
-        op.create_index(
-            "relay_runs_logical_attempts",
+            name,
             "relay_runs",
-            ["logical_run_id", "started_at", "attempt_id"],
-            if_not_exists=True,
+            [column, "started_at", "id"],
+            sqlite_where=ACTIVE,
+            postgresql_where=ACTIVE,
         )
-        for name, column in (
-            ("relay_runs_active_workflow", "workflow"),
-            ("relay_runs_active_repo", "repo"),
-        ):
-            op.create_index(
-                name,
-                "relay_runs",
-                [column, "started_at", "id"],
-                sqlite_where=ACTIVE,
-                postgresql_where=ACTIVE,
-                if_not_exists=True,
-            )
-        op.create_index(
-            "relay_runs_sweepable",
-            "relay_runs",
-            ["finished_at"],
-            sqlite_where=TERMINAL,
-            postgresql_where=TERMINAL,
-            if_not_exists=True,
-        )
+    op.create_index(
+        "relay_runs_sweepable",
+        "relay_runs",
+        ["finished_at"],
+        sqlite_where=TERMINAL,
+        postgresql_where=TERMINAL,
+    )
 
 
 def downgrade() -> None:

@@ -170,10 +170,14 @@ class Model:
         return [run for run in candidates if (run.started_at, run.attempt_id) == best]
 
     def find_run_by_ticket(self, ticket_key: str) -> list[Run]:
-        return self._latest([r.view() for r in self.runs.values() if r.run.ticket_key == ticket_key])
+        return self._latest(
+            [r.view() for r in self.runs.values() if r.run.ticket_key == ticket_key]
+        )
 
     def find_run_by_logical_id(self, logical_id: str) -> list[Run]:
-        return self._latest([r.view() for r in self.runs.values() if r.run.logical_id == logical_id])
+        return self._latest(
+            [r.view() for r in self.runs.values() if r.run.logical_id == logical_id]
+        )
 
     def list_runs(
         self, filter: RunFilter | None = None, *, limit: int | None = None, after: Run | None = None
@@ -212,9 +216,10 @@ class Model:
         doomed = self._sweepable(older_than)
         for run_id in doomed:
             del self.runs[run_id]
-        for table in (self.runtimes, self.sessions, self.reports):
-            for key in [key for key in table if key[0] in doomed]:
-                del table[key]  # type: ignore[attr-defined]
+        # Their child rows go with them.
+        self.runtimes = {k: v for k, v in self.runtimes.items() if k[0] not in doomed}
+        self.sessions = {k: v for k, v in self.sessions.items() if k[0] not in doomed}
+        self.reports = {k: v for k, v in self.reports.items() if k[0] not in doomed}
         return doomed
 
     def count_sweepable(self, older_than: datetime) -> int:

@@ -11,6 +11,7 @@ latency, kills survived, examples tried); ``-rA`` (or ``-s``) shows them.
 from __future__ import annotations
 
 import math
+import multiprocessing
 import os
 from collections.abc import Iterable
 from typing import Any
@@ -27,6 +28,8 @@ PROJECTION_TABLES = (
     "relay_node_sessions",
 )
 AUDIT_TABLE = "reliability_runtime_audit"
+# Children start fresh interpreters: no inherited engines, locks or threads.
+SPAWN = multiprocessing.get_context("spawn")
 
 
 def scale() -> float:
@@ -55,22 +58,28 @@ def percentile(values: Iterable[float], fraction: float) -> float:
     return ordered[rank - 1]
 
 
-def _ordered_rows(connection: Connection, name: str) -> list[tuple[Any, ...]]:
-    table = sa.Table(name, sa.MetaData(), autoload_with=connection)
-    order = list(table.primary_key) or list(table.columns)
-    return [tuple(row) for row in connection.execute(sa.select(table).order_by(*order))]
+# Primary keys, the sort order of snapshots (no reflection: snapshots are taken often).
+TABLE_KEYS = {
+    "relay_executor_identity": "singleton",
+    "relay_runs": "id",
+    "relay_node_runtime": "run_id, node",
+    "relay_processed_reports": "run_id, report_id",
+    "relay_node_sessions": "run_id, node, session_id",
+    "alembic_version": "version_num",
+}
 
 
 def snapshot(engine: Engine, tables: Iterable[str] = PROJECTION_TABLES) -> dict[str, Any]:
     """Every row of *tables* plus the Alembic version row: for "nothing changed" checks."""
     with engine.connect() as connection:
         names = set(sa.inspect(connection).get_table_names())
-        state: dict[str, Any] = {
-            name: _ordered_rows(connection, name) for name in tables if name in names
-        }
-        if "alembic_version" in names:
-            state["alembic_version"] = _ordered_rows(connection, "alembic_version")
-        state["tables"] = sorted(names)
+        state: dict[str, Any] = {"tables": sorted(names)}
+        for name in (*tables, "alembic_version"):
+            if name in names:
+                rows = connection.exec_driver_sql(
+                    f"SELECT * FROM {name} ORDER BY {TABLE_KEYS[name]}"  # fixed names only
+                )
+                state[name] = [tuple(row) for row in rows]
         return state
 
 

@@ -139,7 +139,13 @@ def contention_worker(
     for thread in workers:
         thread.join()
     projection.engine.dispose()
-    merged: dict[str, Any] = {"latencies": {}, "errors": [], "reports": {}, "visits": [], "binds": 0}
+    merged: dict[str, Any] = {
+        "latencies": {},
+        "errors": [],
+        "reports": {},
+        "visits": [],
+        "binds": 0,
+    }
     for log in logs:
         for kind, values in log.latencies.items():
             merged["latencies"].setdefault(kind, []).extend(values)
@@ -173,6 +179,7 @@ def crash_writer(target: str, seed: int, log_path: str, ready: Event) -> None:
             run_id = rng.choice(CRASH_RUNS)
             node = rng.choice(CRASH_NODES)
             choice = rng.randrange(8)
+            record: dict[str, Any]
             if choice == 0:
                 # A short-lived run: started, moved, finished long ago, swept.
                 ephemeral = f"eph-{name}"

@@ -13,12 +13,20 @@ from __future__ import annotations
 
 import json
 from datetime import UTC, datetime
-from multiprocessing.context import SpawnContext
 from pathlib import Path
 from typing import Any
 
 import pytest
 import sqlalchemy as sa
+from reliability_support import (
+    SPAWN,
+    audit_violations,
+    install_runtime_audit,
+    invariant_violations,
+    percentile,
+    scaled,
+)
+from reliability_workers import bulk_writer, contention_worker
 
 from relay_flow_projection import (
     ProjectionError,
@@ -28,14 +36,6 @@ from relay_flow_projection import (
     init_database,
     open_projection,
 )
-from reliability_support import (
-    audit_violations,
-    install_runtime_audit,
-    invariant_violations,
-    percentile,
-    scaled,
-)
-from reliability_workers import bulk_writer, contention_worker
 
 PROCESSES = 2
 THREADS = 4
@@ -43,13 +43,11 @@ RUNS = [f"shared-{index}" for index in range(4)]
 NODES = ["plan", "code", "review"]
 
 
-def _run_workers(
-    spawn: SpawnContext, target: str, operations: int, tmp_path: Path
-) -> list[dict[str, Any]]:
-    start = spawn.Event()
+def _run_workers(target: str, operations: int, tmp_path: Path) -> list[dict[str, Any]]:
+    start = SPAWN.Event()
     paths = [tmp_path / f"worker-{index}.json" for index in range(PROCESSES)]
     processes = [
-        spawn.Process(
+        SPAWN.Process(
             target=contention_worker,
             args=(target, index, THREADS, operations, RUNS, NODES, 7, start, str(paths[index])),
         )
@@ -68,21 +66,17 @@ def _run_workers(
     return [json.loads(path.read_text(encoding="utf-8")) for path in paths]
 
 
-def test_contention_keeps_every_invariant(
-    db_url: str, dialect: str, spawn: SpawnContext, tmp_path: Path
-) -> None:
+def test_contention_keeps_every_invariant(db_url: str, dialect: str, tmp_path: Path) -> None:
     init_database(db_url)
     engine = create_engine(db_url)
     try:
         projection = RunProjection(engine)
         for run_id in RUNS:
-            projection.insert_start(
-                RunStart(run_id, "repo", "wf", "T", run_id), datetime.now(UTC)
-            )
+            projection.insert_start(RunStart(run_id, "repo", "wf", "T", run_id), datetime.now(UTC))
         install_runtime_audit(engine)
 
         operations = scaled(400)
-        results = _run_workers(spawn, db_url, operations, tmp_path)
+        results = _run_workers(db_url, operations, tmp_path)
 
         errors = [error for result in results for error in result["errors"]]
         latencies: dict[str, list[float]] = {}
@@ -129,7 +123,7 @@ def test_contention_keeps_every_invariant(
 
 
 @pytest.mark.sqlite_only
-def test_opening_while_others_write(sqlite_path: Path, spawn: SpawnContext) -> None:
+def test_opening_while_others_write(sqlite_path: Path) -> None:
     """Workers (re)start while others write: opening never mistakes a busy file for a bad one.
 
     Found here: the file check judged a live WAL database by its main file's
@@ -138,10 +132,10 @@ def test_opening_while_others_write(sqlite_path: Path, spawn: SpawnContext) -> N
     NotAProjectionDatabase ("truncated or damaged").
     """
     init_database(sqlite_path)
-    stop = spawn.Event()
-    ready = [spawn.Event() for _ in range(PROCESSES)]
+    stop = SPAWN.Event()
+    ready = [SPAWN.Event() for _ in range(PROCESSES)]
     writers = [
-        spawn.Process(target=bulk_writer, args=(str(sqlite_path), f"w{index}", ready[index], stop))
+        SPAWN.Process(target=bulk_writer, args=(str(sqlite_path), f"w{index}", ready[index], stop))
         for index in range(PROCESSES)
     ]
     for writer in writers:

@@ -11,17 +11,16 @@ identity succeed together. (PostgreSQL: tests/test_postgresql.py.)
 from __future__ import annotations
 
 from collections.abc import Iterator
-from multiprocessing.context import SpawnContext
 from multiprocessing.pool import Pool
 from pathlib import Path
 from typing import Any
 
 import pytest
+from reliability_support import SPAWN, scaled
+from reliability_workers import identity_racer
 
 from relay_flow_projection import ExecutorIdentity, open_projection
 from relay_flow_projection.migrate import head_revision
-from reliability_support import scaled
-from reliability_workers import identity_racer
 
 pytestmark = pytest.mark.sqlite_only
 
@@ -40,21 +39,18 @@ def _race(
 
 
 @pytest.fixture(scope="module")
-def racers(spawn: SpawnContext) -> Iterator[tuple[Pool, Any]]:
+def racers() -> Iterator[tuple[Pool, Any]]:
     """RACERS processes started once and reused by every round, plus a shared Barrier."""
-    with spawn.Manager() as manager, spawn.Pool(RACERS) as pool:
+    with SPAWN.Manager() as manager, SPAWN.Pool(RACERS) as pool:
         yield pool, manager.Barrier
 
 
-def test_racing_initializers_write_one_marker(
-    tmp_path: Path, racers: tuple[Pool, Any]
-) -> None:
+def test_racing_initializers_write_one_marker(tmp_path: Path, racers: tuple[Pool, Any]) -> None:
     rounds = scaled(5)
     for round_number in range(rounds):
         target = str(tmp_path / f"race-{round_number}.db")
         identities = [
-            ("temporal", "temporal.internal:7233", f"namespace-{index}")
-            for index in range(RACERS)
+            ("temporal", "temporal.internal:7233", f"namespace-{index}") for index in range(RACERS)
         ]
         outcomes = _race(*racers, target, identities)
         assert len(outcomes) == RACERS
@@ -70,9 +66,11 @@ def test_racing_initializers_write_one_marker(
                 markers = connection.exec_driver_sql(
                     "SELECT count(*) FROM relay_executor_identity"
                 ).scalar_one()
-                versions = connection.exec_driver_sql(
-                    "SELECT version_num FROM alembic_version"
-                ).scalars().all()
+                versions = (
+                    connection.exec_driver_sql("SELECT version_num FROM alembic_version")
+                    .scalars()
+                    .all()
+                )
             assert markers == 1
             assert versions == [head_revision()]
         finally:

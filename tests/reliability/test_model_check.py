@@ -8,7 +8,7 @@ visits and creation times, identity marker) at the end of each example.
 Identifiers are drawn from small pools, so writes to unknown runs, revisits,
 stale visits, ties in started_at and re-registrations happen often; they
 include SQL-injection text and non-ASCII characters, which must be stored
-verbatim. Examples: 50 x RELAY_RELIABILITY_SCALE per database, 30 steps each.
+verbatim. Examples: 100 x RELAY_RELIABILITY_SCALE per database, up to 50 steps each.
 """
 
 from __future__ import annotations
@@ -26,11 +26,13 @@ from hypothesis.stateful import (
     Bundle,
     RuleBasedStateMachine,
     initialize,
-    multiple,
     invariant,
+    multiple,
     rule,
     run_state_machine_as_test,
 )
+from reliability_model import Clock, Model
+from reliability_support import scaled
 from sqlalchemy.engine import Engine
 
 from relay_flow_projection import (
@@ -47,8 +49,6 @@ from relay_flow_projection import (
 )
 from relay_flow_projection import statements as sql
 from relay_flow_projection.schema import node_runtime, node_sessions, processed_reports
-from reliability_model import Clock, Model
-from reliability_support import scaled
 
 BASE = datetime(2026, 3, 1, 12, 0, 0, tzinfo=UTC)
 STEPS = 50
@@ -213,12 +213,23 @@ def machine_for(engine: Engine, counters: Counters) -> type[RuleBasedStateMachin
             )
 
         @initialize(
-            target=started, batch=st.lists(st.tuples(starts, instants), min_size=1, max_size=3)
+            target=started,
+            batch=st.lists(
+                st.tuples(starts, instants, nodes, visits, optional_sessions),
+                min_size=1,
+                max_size=3,
+            ),
         )
-        def some_runs(self, batch: list[tuple[RunStart, datetime]]) -> Any:
-            for start, now in batch:
+        def some_runs(self, batch: list[tuple[RunStart, datetime, str, str, str | None]]) -> Any:
+            """Start each example with runs that already have a bound node, often a session."""
+            for start, now, node, visit, session in batch:
                 self.both("insert_start", start, now)
-            return multiple(*(start.id for start, _ in batch))
+                self.both("update_node", start.id, RunState.RUNNING, node, visit)
+                if session:
+                    self.both(
+                        "register_node_session", NodeSessionRegistration(start.id, node, session)
+                    )
+            return multiple(*(start.id for start, *_ in batch))
 
         # ------------------------------------------------------ time ---
 
@@ -428,7 +439,7 @@ def model_engine(migrated_url: str, dialect: str) -> Iterator[Engine]:
 
 def test_repository_matches_the_model(model_engine: Engine, dialect: str) -> None:
     counters = Counters()
-    examples = scaled(50)
+    examples = scaled(100)
     run_state_machine_as_test(
         machine_for(model_engine, counters),
         settings=settings(
