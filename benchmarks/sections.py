@@ -99,7 +99,7 @@ def _alternate(
 
 
 def operations(
-    target: Target, runs: int, rounds: int, block: int, write_block: int
+    target: Target, runs: int, rounds: int, block: int, write_block: int, write_rounds: int
 ) -> dict[str, Any]:
     shape = Shape(runs)
     engine = create_engine(target.url)
@@ -137,13 +137,13 @@ def operations(
 
     results: dict[str, Any] = {}
     results["insert_start"] = _alternate(
-        rounds,
+        write_rounds,
         write_block,
         lambda k: projection.insert_start(start(k), datetime.now(UTC)),
         lambda k: raw.insert_start(start(k), datetime.now(UTC)),
     )
     results["update_node"] = _alternate(
-        rounds,
+        write_rounds,
         write_block,
         lambda k: projection.update_node(
             active[k % len(active)], RunState.RUNNING, "build", f"v-{k}"
@@ -157,7 +157,7 @@ def operations(
         lambda k: raw.get_run(run_id((k * 7_919) % runs)),
     )
     results["register_node_session"] = _alternate(
-        rounds,
+        write_rounds,
         write_block,
         lambda k: projection.register_node_session(registration(k)),
         lambda k: raw.register_node_session(registration(k)),

@@ -42,14 +42,17 @@ DIALECTS = ("sqlite", "postgresql")
 @dataclass(frozen=True, slots=True)
 class Sizes:
     runs: int
-    rounds: int  # alternating blocks per operation
+    rounds: int  # alternating blocks per operation: reads
     read_block: int  # calls per block: reads
     write_block: dict[str, int]  # calls per block: writes, per dialect
+    # Alternating blocks of writes per dialect: many short ones on PostgreSQL,
+    # whose fsync-bound commits drift with the machine's load.
+    write_rounds: dict[str, int]
     threads: int
     thread_iterations: int
     repeat: int  # samples per listing measurement
-    sweep_batch: int
-    sweep_repeats: int  # fresh copies swept by the layer; the median is reported
+    sweep_batches: tuple[int, ...]  # the default first
+    sweep_repeats: int  # fresh copies swept by the layer per batch size; the median is reported
     adoption_runs: tuple[int, ...]
 
 
@@ -57,11 +60,12 @@ FULL = Sizes(
     runs=1_000_000,
     rounds=15,
     read_block=1_000,
-    write_block={"sqlite": 1_000, "postgresql": 100},
+    write_block={"sqlite": 1_000, "postgresql": 25},
+    write_rounds={"sqlite": 15, "postgresql": 60},
     threads=8,
     thread_iterations=100,
     repeat=50,
-    sweep_batch=1_000,
+    sweep_batches=(1_000, 5_000),
     sweep_repeats=3,
     adoption_runs=(100_000, 1_000_000),
 )
@@ -69,11 +73,12 @@ QUICK = Sizes(
     runs=20_000,
     rounds=4,
     read_block=200,
-    write_block={"sqlite": 200, "postgresql": 15},
+    write_block={"sqlite": 200, "postgresql": 10},
+    write_rounds={"sqlite": 4, "postgresql": 6},
     threads=8,
     thread_iterations=10,
     repeat=10,
-    sweep_batch=1_000,
+    sweep_batches=(1_000, 5_000),
     sweep_repeats=1,
     adoption_runs=(2_000, 20_000),
 )
@@ -166,6 +171,7 @@ def measure_dialect(databases: Databases, sizes: Sizes, results: Results) -> Non
             rounds=sizes.rounds,
             block=sizes.read_block,
             write_block=sizes.write_block[dialect],
+            write_rounds=sizes.write_rounds[dialect],
         )
         results.put(dialect, "operations", ops)
     with databases.fresh(empty=True) as target:
@@ -178,16 +184,15 @@ def measure_dialect(databases: Databases, sizes: Sizes, results: Results) -> Non
         log(f"{dialect}: 2. listings, keyset pages, counts")
         listed = run_child("listings", target, runs=sizes.runs, repeat=sizes.repeat)
         results.put(dialect, "listings", listed)
-    sweeps = []
-    for repeat in range(sizes.sweep_repeats):
-        with databases.fresh() as target:
-            log(f"{dialect}: 3. sweep_retention ({repeat + 1}/{sizes.sweep_repeats})")
-            sweeps.append(
-                run_child("sweep_layer", target, runs=sizes.runs, batch_size=sizes.sweep_batch)
-            )
-    sweeps.sort(key=lambda sweep: float(sweep["seconds"]))
-    median = sweeps[len(sweeps) // 2]
-    results.put(dialect, "sweep_layer", {**median, "all_seconds": [s["seconds"] for s in sweeps]})
+    for batch in sizes.sweep_batches:
+        sweeps = []
+        for repeat in range(sizes.sweep_repeats):
+            with databases.fresh() as target:
+                log(f"{dialect}: 3. sweep_retention, batches of {batch} ({repeat + 1})")
+                sweeps.append(run_child("sweep_layer", target, runs=sizes.runs, batch_size=batch))
+        sweeps.sort(key=lambda sweep: float(sweep["seconds"]))
+        median = {**sweeps[len(sweeps) // 2], "all_seconds": [s["seconds"] for s in sweeps]}
+        results.put(dialect, f"sweep_layer_{batch}", median)
     with databases.fresh() as target:
         log(f"{dialect}: 3. the Go algorithm on the same data")
         go = run_child("sweep_go", target, runs=sizes.runs)
@@ -274,7 +279,9 @@ def main(argv: list[str] | None = None) -> int:
     if arguments.runs:
         sizes = Sizes(**{**asdict(sizes), "runs": arguments.runs})
     dialects = DIALECTS if arguments.dialect == "both" else (arguments.dialect,)
-    results = Results(sizes.runs, quick=arguments.quick, sizes=asdict(sizes))
+    results = Results(
+        sizes.runs, quick=arguments.quick, sizes=asdict(sizes), load_before=os.getloadavg()[0]
+    )
     started = time.perf_counter()
     workdir = Path(tempfile.mkdtemp(prefix="relay_bench_"))
     postgres = PostgresDatabases()

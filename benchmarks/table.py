@@ -36,6 +36,7 @@ class Results:
     sizes: Data = field(default_factory=dict)
     postgres_version: str = ""
     total_seconds: float = 0.0
+    load_before: float = 0.0
 
     def put(self, dialect: str, section: str, values: Data) -> None:
         self.data.setdefault(dialect, {})[section] = values
@@ -114,6 +115,31 @@ def _show_operation(name: str) -> Callable[[Data], str]:
 def _check_operation(name: str, targets: dict[str, float]) -> Callable[[str, Data], bool]:
     def check(dialect: str, d: Data) -> bool:
         return bool(d[name]["ratio"] <= targets[dialect])
+
+    return check
+
+
+def _speedup(results: Results, dialect: str, section: str) -> float | None:
+    layer = results.get(dialect, section)
+    go = results.get(dialect, "sweep_go")
+    return None if layer is None or go is None else float(go["seconds"] / layer["seconds"])
+
+
+def _show_sweep(results: Results, section: str) -> Callable[[Data], str]:
+    def show(d: Data) -> str:
+        runs = ", ".join(f"{s:.1f}" for s in d.get("all_seconds", [d["seconds"]]))
+        dialect = next(name for name, data in results.data.items() if data.get(section) is d)
+        speedup = _speedup(results, dialect, section)
+        faster = "" if speedup is None else f", {speedup:.1f}x the Go algorithm"
+        return f"{d['seconds']:.1f} s (of {runs}){faster}; {d['children_deleted']:,} child rows"
+
+    return show
+
+
+def _check_sweep(results: Results, section: str) -> Callable[[str, Data], bool | None]:
+    def check(dialect: str, d: Data) -> bool | None:
+        speedup = _speedup(results, dialect, section)
+        return None if speedup is None else speedup >= SWEEP_TARGETS[dialect]
 
     return check
 
@@ -215,55 +241,37 @@ def render(results: Results) -> str:
     sweepable = runs // 10
     table.add(
         "3",
-        f"`sweep_retention` (default batch_size=1000) of {sweepable:,} terminal runs "
-        f"(+3 child rows each) of {runs:,}",
-        "sweep_layer",
-        lambda d: (
-            f"{d['seconds']:.1f} s ({d['runs_deleted']:,} runs, "
-            f"{d['children_deleted']:,} child rows; median of "
-            f"{', '.join(f'{s:.1f}' for s in d.get('all_seconds', [d['seconds']]))} s)"
-        ),
-    )
-    table.add(
-        "3",
-        "… the Go algorithm (one transaction per run), raw driver, same data",
+        "the Go algorithm (one transaction per run) on the raw driver: "
+        f"{sweepable:,} terminal runs (+3 child rows each) of {runs:,}",
         "sweep_go",
         lambda d: f"{d['seconds']:.1f} s ({d['runs_deleted']:,} runs)",
     )
-
-    def speedup(dialect: str) -> float | None:
-        layer = results.get(dialect, "sweep_layer")
-        go = results.get(dialect, "sweep_go")
-        return None if layer is None or go is None else go["seconds"] / layer["seconds"]
-
-    def show_speedup(dialect: str) -> str:
-        value = speedup(dialect)
-        return "—" if value is None else f"{value:.1f}x"
-
-    table.rows.append(
-        (
+    for batch in sorted(
+        {int(key.rsplit("_", 1)[1]) for d in results.data.values() for key in d if "layer_" in key}
+    ):
+        section = f"sweep_layer_{batch}"
+        default = " (the default)" if batch == 1000 else ""
+        table.add(
             "3",
-            "… speedup over the Go algorithm",
-            show_speedup("sqlite"),
-            show_speedup("postgresql"),
+            f"`sweep_retention(batch_size={batch})`{default}, same data: median time, speedup",
+            section,
+            _show_sweep(results, section),
             "≥ 5x / ≥ 20x",
-            " / ".join(
-                "—"
-                if (value := speedup(dialect)) is None
-                else _yes(value >= SWEEP_TARGETS[dialect])
-                for dialect in ("sqlite", "postgresql")
-            ),
+            _check_sweep(results, section),
         )
-    )
 
     for adoption in results.adoption:
         full_size = adoption["runs"] >= 1_000_000
         smallest = results.adoption[0]
-        flat = (
-            adoption["peak_rss_kib"] <= smallest["peak_rss_kib"] * 1.25 + 8 * 1024
-            and adoption["peak_wal"] <= smallest["peak_wal"] * 1.25 + 8 * 1024 * 1024
+        # "Flat": at most 25% (plus a little slack) above the smallest size measured.
+        rss_flat = adoption["peak_rss_kib"] <= smallest["peak_rss_kib"] * 1.25 + 8 * 1024
+        wal_flat = adoption["peak_wal"] <= smallest["peak_wal"] * 1.25 + 8 * 1024 * 1024
+        verdict = (
+            f"time {_yes(adoption['seconds'] <= ADOPTION_TARGET_S)}, RSS {_yes(rss_flat)}, "
+            f"WAL {_yes(wal_flat)}"
+            if full_size and len(results.adoption) > 1
+            else ""
         )
-        verdict = _yes(adoption["seconds"] <= ADOPTION_TARGET_S and flat) if full_size else ""
         table.rows.append(
             (
                 "4",
@@ -306,15 +314,24 @@ def _preamble(results: Results) -> str:
         f"relay_flow_projection benchmark ({mode}: {results.runs:,} runs) on "
         f"{platform.machine()} x {os.cpu_count()} CPUs, Python {platform.python_version()}, "
         f"SQLAlchemy {sqlalchemy.__version__}, SQLite {sqlite3.sqlite_version}, "
-        f"PostgreSQL {postgres}; total {results.total_seconds:.0f} s"
+        f"PostgreSQL {postgres}; total {results.total_seconds:.0f} s; load average "
+        f"{results.load_before:.1f} before, {os.getloadavg()[0]:.1f} after"
+    )
+
+
+def _write_blocks(sizes: Data) -> str:
+    rounds, blocks = sizes.get("write_rounds") or {}, sizes.get("write_block") or {}
+    return ", ".join(
+        f"{rounds.get(dialect)} blocks of {blocks.get(dialect)} ({name})"
+        for dialect, name in (("sqlite", "SQLite"), ("postgresql", "PostgreSQL"))
     )
 
 
 def _footnote(results: Results) -> str:
     sizes = results.sizes
     notes = [
-        f"1: median of {sizes.get('rounds')} alternating blocks (layer, raw, raw, layer, …) of "
-        f"{sizes.get('read_block')} reads / {sizes.get('write_block')} writes per block, after "
+        f"1: median of alternating blocks (layer, raw, raw, layer, …): {sizes.get('rounds')} "
+        f"blocks of {sizes.get('read_block')} reads; writes: {_write_blocks(sizes)}; after "
         "a warm-up; the raw driver sends the layer's exact SQL (checked statement by statement), "
         "with the same pragmas, transactions, timestamp conversion and row mapping.",
         "Each section runs in a child process on a fresh database; peak RSS is the child's "

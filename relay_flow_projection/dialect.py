@@ -49,6 +49,15 @@ def matches_any(dialect: Dialect, column: ColumnElement[str], name: str) -> Colu
     return column.in_(bindparam(name, expanding=True))
 
 
+def always_cascades(dialect: Dialect) -> bool:
+    """True where ``ON DELETE CASCADE`` runs on every connection (PostgreSQL).
+
+    SQLite enforces foreign keys only on connections that turn them on
+    (engine.py does; the Go releases and the migrations' table rebuilds do not).
+    """
+    return dialect_name(dialect) == "postgresql"
+
+
 def is_foreign_key_violation(exc: DBAPIError) -> bool:
     """True when the driver error is a foreign-key violation (SQLSTATE 23503 / SQLite's message)."""
     orig: Any = exc.orig
