@@ -11,6 +11,7 @@ from . import migrate
 from .engine import ResolvedTarget, Target, build_engine, check_sqlite_file, resolve_target
 from .errors import NotAProjectionDatabase, ProjectionError, SchemaOutOfDate
 from .identity import validate_identity
+from .migration_env import newer_release_error
 from .models import ExecutorIdentity
 from .repository import RunProjection
 from .statements import HAS_NONTERMINAL_RUNS
@@ -113,14 +114,12 @@ def require_head(engine: Engine, resolved: ResolvedTarget) -> None:
     except DBAPIError as exc:
         raise _translate_open_error(exc, resolved) from exc
     if current != head:
-        known = {script.revision for script in migrate.script_directory().walk_revisions()}
-        if current is not None and current not in known:
-            # Upgrading cannot help here: the advice below would be wrong.
-            raise SchemaOutOfDate(
-                f"{resolved.describe()} is at revision {current}, which this release of "
-                f"relay_flow_projection does not know (its head is {head}); it was written "
-                "by a newer release: upgrade relay_flow_projection"
-            )
+        # A newer release's revision: upgrading cannot help, the advice below would be wrong.
+        newer = newer_release_error(
+            [current] if current else [], migrate.script_directory(), resolved.describe()
+        )
+        if newer is not None:
+            raise newer
         raise SchemaOutOfDate(
             f"{resolved.describe()} is at revision {current or '(none)'}, not at head {head}; "
             "run `alembic upgrade head` or open_projection(..., upgrade=True)"

@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import logging.config
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -135,14 +135,24 @@ def require_known_revision(connection: Connection, script: ScriptDirectory) -> N
     """A database stamped by a newer release gets a clear error, not "Can't locate revision"."""
     heads = MigrationContext.configure(connection).get_current_heads()
     connection.rollback()
+    error = newer_release_error(heads, script, "the database")
+    if error is not None:
+        raise error
+
+
+def newer_release_error(
+    revisions: Sequence[str], script: ScriptDirectory, subject: str
+) -> SchemaOutOfDate | None:
+    """The error for revisions this release does not know (None when it knows them all)."""
     known = {revision.revision for revision in script.walk_revisions()}
-    unknown = [head for head in heads if head not in known]
-    if unknown:
-        raise SchemaOutOfDate(
-            f"the database is at revision {', '.join(unknown)}, which this release of "
-            f"relay_flow_projection does not know (its head is {script.get_current_head()}); "
-            "it was written by a newer release: upgrade relay_flow_projection"
-        )
+    unknown = [revision for revision in revisions if revision not in known]
+    if not unknown:
+        return None
+    return SchemaOutOfDate(
+        f"{subject} is at revision {', '.join(unknown)}, which this release of "
+        f"relay_flow_projection does not know (its head is {script.get_current_head()}); "
+        "it was written by a newer release: upgrade relay_flow_projection"
+    )
 
 
 def _changes_revision(context: EnvironmentContext) -> bool:
