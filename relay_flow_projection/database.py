@@ -1,20 +1,32 @@
-"""The opening helpers of API.md: upgrade, init, read-only inspection, open_projection."""
+"""The opening helpers of API.md: upgrade, init, read-only inspection, open_projection,
+and their asyncio counterpart open_async_projection."""
 
 from __future__ import annotations
 
-from typing import Any
+import asyncio
+from typing import TYPE_CHECKING, Any
 
-from sqlalchemy.engine import Engine
-from sqlalchemy.exc import DBAPIError
+from sqlalchemy.engine import Connection
 
 from . import migrate
-from .engine import ResolvedTarget, Target, build_engine, check_sqlite_file, resolve_target
-from .errors import NotAProjectionDatabase, ProjectionError, SchemaOutOfDate
+from .engine import (
+    ResolvedTarget,
+    Target,
+    build_engine,
+    check_sqlite_file,
+    create_async_engine,
+    resolve_target,
+)
+from .errors import ProjectionError, SchemaOutOfDate
+from .execution import translate_error
 from .identity import validate_identity
 from .migration_env import newer_release_error
 from .models import ExecutorIdentity
 from .repository import RunProjection
 from .statements import HAS_NONTERMINAL_RUNS
+
+if TYPE_CHECKING:
+    from .async_repository import AsyncRunProjection
 
 
 def _check_file(resolved: ResolvedTarget) -> None:
@@ -22,30 +34,23 @@ def _check_file(resolved: ResolvedTarget) -> None:
         check_sqlite_file(resolved.path)
 
 
-def _translate_open_error(exc: DBAPIError, resolved: ResolvedTarget) -> ProjectionError:
-    text = str(exc.orig)
-    if "file is not a database" in text or "malformed" in text:
-        return NotAProjectionDatabase(
-            f"{resolved.describe()} is not a usable SQLite database: {text}"
-        )
-    return ProjectionError(f"cannot open {resolved.describe()}: {text}")
-
-
 def upgrade(target: Target, revision: str = "head") -> None:
     """Run the Alembic chain on *target* (works from an installed wheel, in any directory)."""
     resolved = resolve_target(target)
     _check_file(resolved)
+    subject = f"upgrading {resolved.describe()} to {revision}"
     try:
         migrate.run_upgrade(target, revision)
-    except DBAPIError as exc:
-        error = _translate_open_error(exc, resolved)
-        if isinstance(error, NotAProjectionDatabase):
-            raise error from exc
-        # Each revision is its own transaction: a failure keeps the last completed one.
-        raise ProjectionError(
-            f"cannot upgrade {resolved.describe()} to {revision}: {exc.orig}; "
-            "the database stays at its last completed revision"
-        ) from exc
+    except ProjectionError:
+        raise
+    except Exception as exc:
+        error = translate_error(exc, subject)
+        if type(error) is ProjectionError:
+            # Each revision is its own transaction: a failure keeps the last completed one.
+            raise ProjectionError(
+                f"{error}; the database stays at its last completed revision"
+            ) from exc
+        raise error from exc
 
 
 _upgrade = upgrade  # open_projection's keyword argument shadows the name
@@ -60,11 +65,8 @@ def init_database_with_identity(target: Target, identity: ExecutorIdentity) -> N
     """Validate *identity*, initialize, then write (or verify) the identity marker."""
     validate_identity(identity)
     init_database(target)
-    engine = build_engine(resolve_target(target))
-    try:
-        RunProjection(engine).initialize_identity(identity)
-    finally:
-        engine.dispose()
+    with RunProjection._owning(build_engine(resolve_target(target))) as projection:
+        projection.initialize_identity(identity)
 
 
 def has_nonterminal_runs(target: Target) -> bool:
@@ -74,45 +76,86 @@ def has_nonterminal_runs(target: Target) -> bool:
     try:
         with engine.connect() as connection:
             return bool(connection.execute(HAS_NONTERMINAL_RUNS).scalar_one())
-    except DBAPIError as exc:
-        text = str(exc.orig)
-        if "no such table" in text or getattr(exc.orig, "sqlstate", None) == "42P01":
+    except Exception as exc:
+        error = translate_error(exc, f"reading {resolved.describe()}")
+        if isinstance(error, SchemaOutOfDate):
             raise ProjectionError(f"{resolved.describe()} holds no relay projection") from exc
-        raise _translate_open_error(exc, resolved) from exc
+        raise error from exc
     finally:
         engine.dispose()
 
 
-def open_projection(
-    target: Target, *, upgrade: bool = False, **engine_kwargs: Any
-) -> RunProjection:
-    """A RunProjection on a new engine; SchemaOutOfDate unless the schema is at head."""
-    resolved = resolve_target(target)
+def _refuse_missing_file(resolved: ResolvedTarget, upgrade: bool) -> None:
     _check_file(resolved)
     if not upgrade and resolved.path is not None and not resolved.path.exists():
         raise SchemaOutOfDate(
             f"{resolved.path} does not exist; create it with upgrade() "
             "or open_projection(..., upgrade=True)"
         )
+
+
+def open_projection(
+    target: Target, *, upgrade: bool = False, **engine_kwargs: Any
+) -> RunProjection:
+    """A RunProjection on a new engine it owns; SchemaOutOfDate unless the schema is at head.
+
+    *engine_kwargs* go to create_engine (lock_timeout, connect_timeout, pool settings).
+    """
+    resolved = resolve_target(target)
+    _refuse_missing_file(resolved, upgrade)
     if upgrade:
         _upgrade(target)
     engine = build_engine(resolved, **engine_kwargs)
     try:
-        require_head(engine, resolved)
-    except BaseException:
-        engine.dispose()
-        raise
-    return RunProjection(engine)
-
-
-def require_head(engine: Engine, resolved: ResolvedTarget) -> None:
-    head = migrate.head_revision()
-    try:
         # A read: on SQLite it must not queue behind writers for the write lock.
         with engine.execution_options(relay_read_only=True).connect() as connection:
-            current = migrate.current_revision(connection)
-    except DBAPIError as exc:
-        raise _translate_open_error(exc, resolved) from exc
+            require_head(connection, resolved)
+    except BaseException as exc:
+        engine.dispose()
+        if isinstance(exc, Exception):
+            raise translate_error(exc, f"opening {resolved.describe()}") from exc
+        raise
+    return RunProjection._owning(engine)
+
+
+async def open_async_projection(
+    target: Target, *, upgrade: bool = False, **engine_kwargs: Any
+) -> AsyncRunProjection:
+    """open_projection for asyncio: the Alembic chain runs in a worker thread (on the
+    sync driver), so the event loop keeps running while a database is upgraded."""
+    from .async_repository import AsyncRunProjection
+
+    resolved = resolve_target(target)
+    _refuse_missing_file(resolved, upgrade)
+    if upgrade:
+        await asyncio.to_thread(_upgrade, _sync_driver_target(resolved))
+    engine = create_async_engine(target, **engine_kwargs)
+    try:
+        async with engine.execution_options(relay_read_only=True).connect() as connection:
+            await connection.run_sync(require_head, resolved)
+    except BaseException as exc:
+        await engine.dispose()
+        if isinstance(exc, Exception):
+            raise translate_error(exc, f"opening {resolved.describe()}") from exc
+        raise
+    return AsyncRunProjection._owning(engine)
+
+
+def _sync_driver_target(resolved: ResolvedTarget) -> Target:
+    """The target for the Alembic chain, which runs on the sync drivers (pysqlite, psycopg)."""
+    if resolved.path is not None:
+        return resolved.path
+    url = resolved.url
+    if url.get_backend_name() == "postgresql":
+        url = url.set(drivername="postgresql+psycopg")
+    elif url.get_backend_name() == "sqlite":
+        url = url.set(drivername="sqlite")
+    return url.render_as_string(hide_password=False)
+
+
+def require_head(connection: Connection, resolved: ResolvedTarget) -> None:
+    head = migrate.head_revision()
+    current = migrate.current_revision(connection)
     if current != head:
         # A newer release's revision: upgrading cannot help, the advice below would be wrong.
         newer = newer_release_error(

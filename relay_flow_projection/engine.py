@@ -2,23 +2,31 @@
 
 from __future__ import annotations
 
+import math
 import os
 import sqlite3
 import time
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import sqlalchemy
 from sqlalchemy import event
 from sqlalchemy.engine import URL, Connection, Engine, make_url
+from sqlalchemy.exc import ArgumentError
 
 from .errors import NotAProjectionDatabase, ProjectionError
+
+if TYPE_CHECKING:
+    from sqlalchemy.ext.asyncio import AsyncEngine
+
+from .execution import DEFAULT_LOCK_TIMEOUT, LOCK_TIMEOUT_OPTION, track_for_fork
 
 Target = str | os.PathLike[str]
 
 DEFAULT_URL = "sqlite:///relay-flow.db"
-BUSY_TIMEOUT_MS = 30_000
+DEFAULT_CONNECT_TIMEOUT = 10.0
 # Keep the -wal file from staying at the size of the largest transaction ever run.
 JOURNAL_SIZE_LIMIT = 64 * 1024 * 1024
 SQLITE_MAGIC = b"SQLite format 3\x00"
@@ -43,7 +51,7 @@ class ResolvedTarget:
 def resolve_target(target: Target) -> ResolvedTarget:
     """A path (str or PathLike) means a SQLite file; a string containing ``://`` is a URL."""
     if isinstance(target, str) and "://" in target:
-        url = make_url(target)
+        url = _parse_url(target)
         path = None
         if url.get_backend_name() == "sqlite":
             database = url.database or ""
@@ -56,6 +64,23 @@ def resolve_target(target: Target) -> ResolvedTarget:
         raise ValueError("target must not be empty")
     path = Path(os.fspath(target))
     return ResolvedTarget(URL.create("sqlite", database=str(path)), path)
+
+
+def _parse_url(target: str) -> URL:
+    """``make_url`` with errors that say which part of the URL is wrong."""
+    try:
+        url = make_url(target)
+    except ValueError as exc:  # make_url's int() of the port
+        raise ProjectionError(
+            f"invalid database URL: the port must be a number ({exc}); "
+            "expected for example postgresql+psycopg://user@host:5432/dbname"
+        ) from None
+    except ArgumentError as exc:
+        raise ProjectionError(f"invalid database URL: {exc}") from None
+    if url.drivername == "postgresql":
+        # The driver this package installs (extra "postgresql"), not psycopg2.
+        url = url.set(drivername="postgresql+psycopg")
+    return url
 
 
 def check_sqlite_file(path: Path) -> None:
@@ -115,7 +140,7 @@ def create_private_file(path: Path) -> None:
         os.close(fd)
 
 
-def _enter_wal_mode(cursor: sqlite3.Cursor) -> None:
+def _enter_wal_mode(cursor: sqlite3.Cursor, busy_timeout_ms: int) -> None:
     """``PRAGMA journal_mode = WAL``, retried while another connection holds a lock.
 
     Switching a new database into WAL mode needs an exclusive lock, and SQLite
@@ -123,7 +148,7 @@ def _enter_wal_mode(cursor: sqlite3.Cursor) -> None:
     initializing one new file together failed here. Once in WAL mode (it
     persists in the file) the pragma takes no lock and succeeds first time.
     """
-    deadline = time.monotonic() + BUSY_TIMEOUT_MS / 1000
+    deadline = time.monotonic() + busy_timeout_ms / 1000
     while True:
         try:
             cursor.execute("PRAGMA journal_mode = WAL")
@@ -134,19 +159,26 @@ def _enter_wal_mode(cursor: sqlite3.Cursor) -> None:
             time.sleep(0.005)
 
 
-def _install_sqlite_listeners(engine: Engine, *, foreign_keys: bool, read_only: bool) -> None:
+def _install_sqlite_listeners(
+    engine: Engine, *, foreign_keys: bool, read_only: bool, lock_timeout: float
+) -> None:
+    busy_timeout_ms = max(1, round(lock_timeout * 1000))
+
     @event.listens_for(engine, "connect")
-    def _on_connect(dbapi_connection: sqlite3.Connection, _record: Any) -> None:
+    def _on_connect(dbapi_connection: Any, _record: Any) -> None:
         # Take transaction control away from the sqlite3 module: it would
         # otherwise begin DEFERRED transactions lazily before the first write,
         # so a read-then-write could not be atomic. `_on_begin` emits BEGIN.
+        # (aiosqlite's adapted connection offers the same attribute.)
         dbapi_connection.isolation_level = None
         cursor = dbapi_connection.cursor()
         try:
-            cursor.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+            # The whole lock budget; execution.py shortens it for one
+            # transaction by what the in-process writer queue already used.
+            cursor.execute(f"PRAGMA busy_timeout = {busy_timeout_ms}")
             cursor.execute(f"PRAGMA foreign_keys = {'ON' if foreign_keys else 'OFF'}")
             if not read_only:
-                _enter_wal_mode(cursor)
+                _enter_wal_mode(cursor, busy_timeout_ms)
                 cursor.execute("PRAGMA synchronous = NORMAL")
                 cursor.execute(f"PRAGMA journal_size_limit = {JOURNAL_SIZE_LIMIT}")
         finally:
@@ -169,13 +201,129 @@ def _install_sqlite_listeners(engine: Engine, *, foreign_keys: bool, read_only: 
 
 def _utc_session(dbapi_connection: Any, _record: Any) -> None:
     """PostgreSQL sessions in UTC: a session zone far from UTC cannot even read
-    back the extreme timestamps it accepted (year 1 under America/New_York)."""
-    autocommit = dbapi_connection.autocommit
-    dbapi_connection.autocommit = True
+    back the extreme timestamps it accepted (year 1 under America/New_York).
+
+    Runs once per new server session -- on a direct connection. Behind a
+    transaction-pooling PgBouncer it reaches one server connection only; the
+    stored values do not depend on it (timestamptz is absolute, and the bind
+    and result processing in timestamps.py is zone-independent).
+    """
+    cursor = dbapi_connection.cursor()
     try:
-        dbapi_connection.execute("SET TIME ZONE 'UTC'")
+        cursor.execute("SET TIME ZONE 'UTC'")
     finally:
-        dbapi_connection.autocommit = autocommit
+        cursor.close()
+    dbapi_connection.commit()
+
+
+# Which extra installs the driver a URL asks for.
+_DRIVER_EXTRAS = {
+    "psycopg": "postgresql",
+    "asyncpg": "asyncpg",
+    "aiosqlite": "async",
+    "greenlet": "async",
+}
+
+
+def _missing_driver(exc: ImportError, url: URL) -> ProjectionError:
+    module = (exc.name or "").split(".")[0]
+    extra = _DRIVER_EXTRAS.get(module) or _DRIVER_EXTRAS.get(url.get_driver_name())
+    advice = (
+        f'; install it with pip install "relay-flow-projection[{extra}]"'
+        if extra
+        else "; relay-flow-projection supports sqlite, postgresql+psycopg and postgresql+asyncpg"
+    )
+    return ProjectionError(
+        f"the database driver for {url.drivername} is not installed ({exc}){advice}"
+    )
+
+
+def _postgresql_connect_args(
+    driver: str, connect_timeout: float, given: dict[str, Any]
+) -> dict[str, Any]:
+    """Connection arguments that are safe behind a transaction-pooling PgBouncer.
+
+    Named server-side prepared statements live on one server connection, and
+    a pooler hands each transaction whichever one is free: psycopg's automatic
+    preparation (after 5 executions) and asyncpg's statement caches then
+    collide across clients and can even answer with another statement's rows.
+    They are off unless the caller passes its own values (the opt-in for a
+    direct connection; README "Behind PgBouncer").
+    """
+    args = dict(given)
+    if driver == "asyncpg":
+        args.setdefault("timeout", connect_timeout)
+        args.setdefault("statement_cache_size", 0)
+        args.setdefault("prepared_statement_cache_size", 0)
+        # Statements asyncpg must still prepare get names no other client uses.
+        args.setdefault("prepared_statement_name_func", _unique_statement_name)
+    else:
+        # libpq counts whole seconds and treats anything below 2 as 2.
+        args.setdefault("connect_timeout", max(2, math.ceil(connect_timeout)))
+        args.setdefault("prepare_threshold", None)
+    return args
+
+
+def _unique_statement_name() -> str:
+    return f"__relay_{uuid.uuid4().hex}__"
+
+
+def _check_timeouts(lock_timeout: float, connect_timeout: float) -> None:
+    for name, value in (("lock_timeout", lock_timeout), ("connect_timeout", connect_timeout)):
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise TypeError(f"{name} must be a number of seconds, not {type(value).__name__}")
+        if not (0 < value < float("inf")):
+            raise ValueError(f"{name} must be a positive number of seconds, got {value!r}")
+
+
+def engine_arguments(
+    resolved: ResolvedTarget,
+    *,
+    lock_timeout: float,
+    connect_timeout: float,
+    engine_kwargs: dict[str, Any],
+) -> tuple[URL, dict[str, Any]]:
+    """The URL and ``create_engine`` keyword arguments, for sync and async engines alike."""
+    _check_timeouts(lock_timeout, connect_timeout)
+    kwargs = dict(engine_kwargs)
+    options = dict(kwargs.pop("execution_options", None) or {})
+    options.setdefault(LOCK_TIMEOUT_OPTION, float(lock_timeout))
+    kwargs["execution_options"] = options
+    url = resolved.url
+    if url.get_backend_name() == "postgresql":
+        kwargs["connect_args"] = _postgresql_connect_args(
+            url.get_driver_name(), connect_timeout, kwargs.get("connect_args") or {}
+        )
+    return url, kwargs
+
+
+def prepare_sqlite_file(resolved: ResolvedTarget, *, read_only: bool) -> URL:
+    """Check (and, for writing, create 0600) the SQLite file; the URL to open it with."""
+    url = resolved.url
+    if resolved.path is None:
+        return url
+    check_sqlite_file(resolved.path)
+    if read_only:
+        if not resolved.path.exists():
+            raise ProjectionError(f"{resolved.path} does not exist")
+        return URL.create(
+            url.drivername,
+            database=f"file:{resolved.path.resolve()}",
+            query={"mode": "ro", "uri": "true"},
+        )
+    create_private_file(resolved.path)
+    return url
+
+
+def install_listeners(
+    engine: Engine, *, foreign_keys: bool, read_only: bool, lock_timeout: float
+) -> None:
+    if engine.dialect.name == "sqlite":
+        _install_sqlite_listeners(
+            engine, foreign_keys=foreign_keys, read_only=read_only, lock_timeout=lock_timeout
+        )
+    elif engine.dialect.name == "postgresql":
+        event.listen(engine, "connect", _utc_session)
 
 
 def build_engine(
@@ -183,32 +331,79 @@ def build_engine(
     *,
     foreign_keys: bool = True,
     read_only: bool = False,
+    lock_timeout: float = DEFAULT_LOCK_TIMEOUT,
+    connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
     **engine_kwargs: Any,
 ) -> Engine:
     """An engine for *resolved*; the SQLite file is checked (and created 0600) first."""
-    if not resolved.is_sqlite:
-        engine = sqlalchemy.create_engine(resolved.url, **engine_kwargs)
-        if engine.dialect.name == "postgresql":
-            event.listen(engine, "connect", _utc_session)
-        return engine
-    url = resolved.url
-    if resolved.path is not None:
-        check_sqlite_file(resolved.path)
-        if read_only:
-            if not resolved.path.exists():
-                raise ProjectionError(f"{resolved.path} does not exist")
-            url = URL.create(
-                "sqlite",
-                database=f"file:{resolved.path.resolve()}",
-                query={"mode": "ro", "uri": "true"},
-            )
-        else:
-            create_private_file(resolved.path)
-    engine = sqlalchemy.create_engine(url, **engine_kwargs)
-    _install_sqlite_listeners(engine, foreign_keys=foreign_keys, read_only=read_only)
+    url, kwargs = engine_arguments(
+        resolved,
+        lock_timeout=lock_timeout,
+        connect_timeout=connect_timeout,
+        engine_kwargs=engine_kwargs,
+    )
+    if resolved.is_sqlite:
+        url = prepare_sqlite_file(resolved, read_only=read_only)
+    try:
+        engine = sqlalchemy.create_engine(url, **kwargs)
+    except ImportError as exc:
+        raise _missing_driver(exc, url) from None
+    install_listeners(
+        engine, foreign_keys=foreign_keys, read_only=read_only, lock_timeout=lock_timeout
+    )
+    track_for_fork(engine)
     return engine
 
 
-def create_engine(target: Target, **engine_kwargs: Any) -> Engine:
+def create_engine(
+    target: Target,
+    *,
+    lock_timeout: float = DEFAULT_LOCK_TIMEOUT,
+    connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
+    **engine_kwargs: Any,
+) -> Engine:
     """Public entry point (API.md): an engine with the project's connection settings."""
-    return build_engine(resolve_target(target), **engine_kwargs)
+    return build_engine(
+        resolve_target(target),
+        lock_timeout=lock_timeout,
+        connect_timeout=connect_timeout,
+        **engine_kwargs,
+    )
+
+
+def create_async_engine(
+    target: Target,
+    *,
+    lock_timeout: float = DEFAULT_LOCK_TIMEOUT,
+    connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
+    **engine_kwargs: Any,
+) -> AsyncEngine:
+    """API.md: an AsyncEngine with everything create_engine gives, on an async driver.
+
+    A path or sqlite:///... runs on aiosqlite, postgresql:// and
+    postgresql+psycopg:// on psycopg's asyncio mode, postgresql+asyncpg:// on
+    asyncpg. The listeners are the sync engine's: SQLAlchemy runs them inside
+    the greenlet that drives the async driver.
+    """
+    resolved = resolve_target(target)
+    url, kwargs = engine_arguments(
+        resolved,
+        lock_timeout=lock_timeout,
+        connect_timeout=connect_timeout,
+        engine_kwargs=engine_kwargs,
+    )
+    if resolved.is_sqlite:
+        url = prepare_sqlite_file(resolved, read_only=False)
+        if url.get_driver_name() in ("", "pysqlite"):
+            url = url.set(drivername="sqlite+aiosqlite")
+    try:
+        from sqlalchemy.ext.asyncio import create_async_engine as sqlalchemy_async_engine
+
+        engine = sqlalchemy_async_engine(url, **kwargs)
+    except ImportError as exc:
+        raise _missing_driver(exc, url) from None
+    install_listeners(
+        engine.sync_engine, foreign_keys=True, read_only=False, lock_timeout=lock_timeout
+    )
+    track_for_fork(engine.sync_engine)
+    return engine

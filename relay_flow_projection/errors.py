@@ -41,3 +41,18 @@ class NotAProjectionDatabase(ProjectionError):
 
 class SchemaOutOfDate(ProjectionError):
     """The schema is not at the head revision this code knows."""
+
+
+class DatabaseUnavailable(ProjectionError):
+    """The database could not be reached, or dropped the connection during the call.
+
+    Retryable: every write is an idempotent durable activity, so calling again
+    once the database is back is safe.
+    """
+
+
+class DatabaseBusy(ProjectionError):
+    """A lock held by someone else was not released within ``lock_timeout``.
+
+    Retryable, like ``DatabaseUnavailable``.
+    """

@@ -4,7 +4,9 @@ Building a Core construct costs more than executing it (FIELD-NOTES: a
 17-column insert built per call cut throughput 2.3x), so every fixed-shape
 statement is a module constant with named bind parameters, and the shapes
 that vary (upserts per dialect, list filters, clear flags) are built on first
-use and cached. SQLAlchemy's compiled cache then serves each one per dialect.
+use and cached. Caches are keyed by the dialect's *name*, never by a Dialect
+object, so they keep no engine alive. SQLAlchemy's compiled cache then serves
+each statement per engine.
 
 Nothing here begins or commits: the functions take a ``Connection`` and the
 facade in ``repository.py`` owns the transaction.
@@ -12,7 +14,7 @@ facade in ``repository.py`` owns the transaction.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from datetime import datetime
 from functools import cache
 from typing import Any
@@ -35,7 +37,6 @@ from sqlalchemy import (
     update,
 )
 from sqlalchemy.engine import Connection, Dialect
-from sqlalchemy.exc import MultipleResultsFound, NoResultFound
 
 from .dialect import always_cascades, matches_any, upsert_insert
 from .models import ExecutorIdentity, NodeRuntime, RetryStatus, Run, RunState
@@ -129,7 +130,7 @@ FIND_RUN_BY_LOGICAL_ID = (
 
 
 @cache
-def insert_start(dialect: Dialect) -> Any:
+def insert_start(dialect: str) -> Any:
     return (
         upsert_insert(dialect, runs)
         .values(
@@ -172,11 +173,6 @@ UPDATE_CURRENT_NODE = _UPDATE_RUN.values(
     current_node_visit_id=bindparam("visit"),
     updated_at=bindparam("now"),
 )
-
-
-def _match(column: ColumnElement[Any], value: str | None) -> ColumnElement[bool] | None:
-    # As in the Go code, an empty filter value means "any".
-    return column == value if value else None
 
 
 @cache
@@ -350,7 +346,7 @@ LOCK_CURRENT_VISIT = select(node_runtime.c.node_visit_id).where(_THIS_RUNTIME).w
 
 
 @cache
-def upsert_node_runtime(dialect: Dialect) -> Any:
+def upsert_node_runtime(dialect: str) -> Any:
     """Insert or overwrite every field of one binding."""
     statement = upsert_insert(dialect, node_runtime).values(
         run_id=bindparam("run"),
@@ -373,7 +369,7 @@ def upsert_node_runtime(dialect: Dialect) -> Any:
 
 
 @cache
-def upsert_node_visit(dialect: Dialect) -> Any:
+def upsert_node_visit(dialect: str) -> Any:
     """Insert a binding or move it to a new visit; terminal and session ids are kept."""
     statement = upsert_insert(dialect, node_runtime).values(
         run_id=bindparam("run"),
@@ -418,7 +414,7 @@ def clear_node_runtime(clear_terminal: bool, clear_session: bool) -> Update:
 
 
 @cache
-def insert_session_once(dialect: Dialect) -> Any:
+def insert_session_once(dialect: str) -> Any:
     return (
         upsert_insert(dialect, node_sessions)
         .values(
@@ -460,7 +456,7 @@ HAS_PROCESSED_REPORT = select(
 
 
 @cache
-def record_processed_report(dialect: Dialect) -> Any:
+def record_processed_report(dialect: str) -> Any:
     return (
         upsert_insert(dialect, processed_reports)
         .values(
@@ -490,7 +486,7 @@ def row_to_identity(row: Sequence[Any]) -> ExecutorIdentity:
 
 
 @cache
-def insert_identity_once(dialect: Dialect) -> Any:
+def insert_identity_once(dialect: str) -> Any:
     """Insert the singleton marker unless one exists (concurrent callers: one wins)."""
     return (
         upsert_insert(dialect, executor_identity)
@@ -502,108 +498,3 @@ def insert_identity_once(dialect: Dialect) -> Any:
         )
         .on_conflict_do_nothing(index_elements=[executor_identity.c.singleton])
     )
-
-
-# ------------------------------------------------------ lean execution ---
-# A Connection.execute() of a prebuilt statement still costs several times the
-# database's own work for a single-row call (cache-key lookup, execution
-# context, event dispatch, result set-up: measured in benchmarks/). The
-# repository's single-row methods therefore run these statements compiled once
-# per dialect -- SQL text, parameter order, literal defaults and the columns'
-# own bind/result processors, all taken from SQLAlchemy's compiled form -- on
-# the pooled DBAPI cursor (see repository._LeanTransaction).
-
-
-class Prepared:
-    """One Core statement compiled for one dialect, ready for ``cursor.execute``."""
-
-    __slots__ = (
-        "bind_processors",
-        "defaults",
-        "names",
-        "positional",
-        "result_processors",
-        "returns_rows",
-        "sql",
-    )
-
-    def __init__(self, statement: Any, dialect: Dialect) -> None:
-        compiled: Any = statement.compile(dialect=dialect)
-        required = {name for name, bind in compiled.binds.items() if bind.required}
-        # Renders literal_execute parameters (the terminal states) into the text.
-        expanded = compiled.construct_expanded_state(dict.fromkeys(required))
-        if "__[POSTCOMPILE" in expanded.statement:
-            raise ValueError("expanding parameters cannot be prepared once")
-        self.sql: str = expanded.statement
-        # Known here, so no cursor.description per call (psycopg builds it anew).
-        self.returns_rows = bool(statement.is_select or compiled.effective_returning)
-        self.positional: bool = bool(dialect.positional)
-        self.names: tuple[str, ...] = tuple(
-            expanded.positiontup if self.positional else expanded.parameters
-        )
-        self.defaults: dict[str, Any] = {
-            name: value for name, value in expanded.parameters.items() if name not in required
-        }
-        binds = compiled.binds
-        self.bind_processors: tuple[tuple[str, Any], ...] = tuple(
-            (name, processor)
-            for name in dict.fromkeys(self.names)
-            if (processor := binds[name].type.dialect_impl(dialect).bind_processor(dialect))
-        )
-        columns = getattr(statement, "selected_columns", ())
-        self.result_processors: tuple[tuple[int, Any], ...] = tuple(
-            (position, processor)
-            for position, column in enumerate(columns)
-            if (processor := column.type.dialect_impl(dialect).result_processor(dialect, None))
-        )
-
-    def parameters(self, values: dict[str, Any]) -> Any:
-        """The DBAPI parameters: a tuple (qmark) or a dict (pyformat)."""
-        merged = {**self.defaults, **values} if self.defaults else dict(values)
-        for name, processor in self.bind_processors:
-            merged[name] = processor(merged[name])
-        if self.positional:
-            return tuple([merged[name] for name in self.names])
-        return {name: merged[name] for name in self.names}
-
-    def rows(self, fetched: list[Any]) -> list[Any]:
-        if not self.result_processors:
-            return fetched
-        rows = []
-        for row in fetched:
-            values = list(row)
-            for position, processor in self.result_processors:
-                values[position] = processor(values[position])
-            rows.append(values)
-        return rows
-
-
-class LeanResult:
-    """The part of ``CursorResult`` the repository uses, over already fetched rows."""
-
-    __slots__ = ("_rows", "rowcount")
-
-    def __init__(self, rows: list[Any], rowcount: int) -> None:
-        self._rows = rows
-        self.rowcount = rowcount
-
-    def __iter__(self) -> Iterator[Any]:
-        return iter(self._rows)
-
-    def first(self) -> Any:
-        return self._rows[0] if self._rows else None
-
-    def one(self) -> Any:
-        if not self._rows:
-            raise NoResultFound("No row was found when one was required")
-        if len(self._rows) > 1:
-            raise MultipleResultsFound("Multiple rows were found when exactly one was required")
-        return self._rows[0]
-
-    def scalar_one(self) -> Any:
-        return self.one()[0]
-
-    def scalar_one_or_none(self) -> Any:
-        if len(self._rows) > 1:
-            raise MultipleResultsFound("Multiple rows were found when one or none was required")
-        return self._rows[0][0] if self._rows else None

@@ -1,0 +1,414 @@
+"""How every operation runs: its transaction, one retry after a dropped connection,
+the SQLite writer queue, lock timeouts, and the one translation of driver errors.
+
+An operation (``operations.Operation``) is a function of a SQLAlchemy
+``Connection`` plus what it is about. ``run_in_transaction`` is the part both
+facades share: it opens the transaction an operation needs and runs its body.
+``SyncExecutor`` and ``AsyncExecutor`` differ only in how they wait -- for the
+SQLite writer queue and for a connection -- and the async one reaches the same
+``run_in_transaction`` through ``AsyncConnection.run_sync``.
+
+Everything here uses documented SQLAlchemy APIs only: ``Engine.connect``,
+``Engine.execution_options``, ``Connection.begin``, ``Connection.execute`` /
+``exec_driver_sql``, ``Connection.connection`` (the pooled DBAPI connection, for
+one ``PRAGMA`` before ``BEGIN``), ``DBAPIError.orig`` and
+``DBAPIError.connection_invalidated``, ``Pool`` identity,
+``AsyncEngine.connect`` / ``AsyncConnection.run_sync`` / ``AsyncEngine.sync_engine``.
+
+Transactions
+------------
+* Reads are one statement (or a few that need no isolation from each other)
+  and run outside a transaction: in autocommit on PostgreSQL, and without
+  ``BEGIN`` on SQLite, so they never queue behind writers.
+* Writes run in one transaction. On SQLite it begins with ``BEGIN IMMEDIATE``
+  (engine.py's ``begin`` listener) behind one in-process lock per connection
+  pool: a fair queue instead of threads spinning inside ``busy_timeout``. On
+  PostgreSQL the transaction starts with ``SET LOCAL lock_timeout``: a
+  transaction-scoped setting is the only kind a transaction-pooling
+  PgBouncer carries to the server connection that runs the statements.
+* ``lock_timeout`` is one budget per call: on SQLite, what the in-process queue
+  used is taken off the busy timeout of that transaction.
+
+Retries
+-------
+Every write is an idempotent durable activity, so a call whose connection
+turns out dead (the server restarted, failed over, or a pooler dropped it) is
+run once more on a fresh connection. SQLAlchemy has already invalidated the
+whole pool when it saw the disconnect, so the retry gets a new connection and
+no later call receives one broken by the same outage -- without a ping on
+every checkout. A failure to connect is never retried here: waiting twice for
+``connect_timeout`` would only double the caller's wait.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sqlite3
+import threading
+import time
+import weakref
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import asynccontextmanager, contextmanager
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
+
+from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError, SQLAlchemyError
+from sqlalchemy.exc import TimeoutError as PoolTimeout
+from sqlalchemy.pool import Pool
+
+from .dialect import dialect_name, read_only_view
+from .errors import (
+    DatabaseBusy,
+    DatabaseUnavailable,
+    NotAProjectionDatabase,
+    ProjectionError,
+    RunNotFound,
+    SchemaOutOfDate,
+)
+
+if TYPE_CHECKING:  # the asyncio extension loads only for the async facade
+    from sqlalchemy.ext.asyncio import AsyncEngine
+
+T = TypeVar("T")
+
+# The execution option create_engine() stores lock_timeout under; an engine
+# made elsewhere gets the API's default.
+LOCK_TIMEOUT_OPTION = "relay_lock_timeout"
+DEFAULT_LOCK_TIMEOUT = 30.0
+
+
+@dataclass(frozen=True, slots=True)
+class Operation(Generic[T]):
+    """One call of the API: its body and what error messages should name.
+
+    *subject* names the run, node or visit ("update_node of run 'r1' ...").
+    *missing_run*: a foreign-key violation in this write means that run does
+    not exist. *writes*: the body needs a write transaction.
+    """
+
+    subject: str
+    body: Callable[[Connection], T]
+    writes: bool
+    missing_run: str | None = None
+
+
+def lock_timeout_of(engine: Engine) -> float:
+    value = engine.get_execution_options().get(LOCK_TIMEOUT_OPTION, DEFAULT_LOCK_TIMEOUT)
+    return float(value)
+
+
+# --------------------------------------------------------------- errors ---
+
+# SQLite primary result codes (the low byte of an extended code).
+_SQLITE_CORRUPT, _SQLITE_NOTADB = 11, 26
+_SQLITE_BUSY, _SQLITE_LOCKED, _SQLITE_READONLY = 5, 6, 8
+_SQLITE_CONSTRAINT_FOREIGNKEY = 787
+
+_SQLSTATE_FOREIGN_KEY = "23503"
+_SQLSTATES_MISSING_SCHEMA = ("42P01", "42703")  # undefined table / column
+# lock_not_available (lock_timeout), query_canceled (statement_timeout),
+# serialization failure, deadlock: someone else held what this call needed.
+_SQLSTATES_BUSY = ("55P03", "57014", "40001", "40P01")
+# admin/crash shutdown, cannot connect now, too many connections, a standby
+# that refuses writes after a failover.
+_SQLSTATES_UNAVAILABLE = ("57P01", "57P02", "57P03", "53300", "25006")
+
+
+def _sqlite_code(orig: BaseException) -> int | None:
+    code = getattr(orig, "sqlite_errorcode", None)
+    return code if isinstance(code, int) else None
+
+
+def translate_error(
+    exc: BaseException,
+    subject: str,
+    *,
+    missing_run: str | None = None,
+    lock_timeout: float | None = None,
+) -> BaseException:
+    """The API.md error for a driver or SQLAlchemy exception raised during *subject*.
+
+    The one place that maps driver errors, by SQLite result code and
+    PostgreSQL SQLSTATE wherever the driver gives one. Errors of this package
+    pass through unchanged; anything unrecognised becomes a ``ProjectionError``
+    naming *subject*.
+    """
+    if isinstance(exc, ProjectionError):
+        return exc
+    waited = "" if lock_timeout is None else f" within lock_timeout ({lock_timeout:g} s)"
+    if isinstance(exc, PoolTimeout):
+        return DatabaseBusy(f"{subject}: no pooled connection became free{waited}: {exc}")
+    if not isinstance(exc, DBAPIError):
+        if isinstance(exc, TimeoutError | OSError):  # asyncpg's connect raises these bare
+            return DatabaseUnavailable(f"{subject}: the database cannot be reached: {exc!r}")
+        if isinstance(exc, SQLAlchemyError):
+            return ProjectionError(f"{subject}: {exc}")
+        return exc
+    orig: Any = exc.orig
+    text = str(orig).strip().splitlines()[0] if str(orig).strip() else type(orig).__name__
+    code = _sqlite_code(orig)
+    if code is not None or isinstance(orig, sqlite3.Error):
+        primary = None if code is None else code & 0xFF
+        if primary in (_SQLITE_BUSY, _SQLITE_LOCKED):
+            return DatabaseBusy(
+                f"{subject}: the SQLite database stayed locked by another connection{waited}"
+            )
+        if code == _SQLITE_CONSTRAINT_FOREIGNKEY and missing_run is not None:
+            return RunNotFound(f"run {missing_run!r} not found")
+        if primary in (_SQLITE_NOTADB, _SQLITE_CORRUPT):
+            return NotAProjectionDatabase(f"{subject}: not a usable SQLite database: {text}")
+        if primary == _SQLITE_READONLY:
+            return ProjectionError(f"{subject}: the database is read-only ({text})")
+        if "no such table" in text or "no such column" in text:  # SQLITE_ERROR has no subcode
+            return _schema_out_of_date(subject)
+        return ProjectionError(f"{subject}: {text}")
+    sqlstate = getattr(orig, "sqlstate", None)
+    if sqlstate == _SQLSTATE_FOREIGN_KEY and missing_run is not None:
+        return RunNotFound(f"run {missing_run!r} not found")
+    if sqlstate in _SQLSTATES_MISSING_SCHEMA:
+        return _schema_out_of_date(subject)
+    if sqlstate in _SQLSTATES_BUSY:
+        return DatabaseBusy(f"{subject}: a lock held by another session was not released{waited}")
+    if (
+        exc.connection_invalidated
+        or sqlstate in _SQLSTATES_UNAVAILABLE
+        or (isinstance(sqlstate, str) and sqlstate.startswith("08"))
+        # psycopg reports refused, timed-out and closed connections without a SQLSTATE
+        or (sqlstate is None and isinstance(exc, OperationalError | InterfaceError))
+    ):
+        return DatabaseUnavailable(f"{subject}: the database is unavailable: {text}")
+    return ProjectionError(f"{subject}: {text}")
+
+
+def _schema_out_of_date(subject: str) -> SchemaOutOfDate:
+    return SchemaOutOfDate(
+        f"the projection tables are missing or incomplete ({subject}); "
+        "run `alembic upgrade head` or relay_flow_projection.upgrade()"
+    )
+
+
+def _may_retry(exc: DBAPIError, attempt: int, connected: bool) -> bool:
+    """Retry once, and only a call that had a connection and lost it."""
+    return attempt == 1 and connected and exc.connection_invalidated
+
+
+# ------------------------------------------------------- transactions ---
+
+
+def run_in_transaction(conn: Connection, operation: Operation[T], budget: float) -> T:
+    """Run *operation* on a checked-out connection: the code both facades share.
+
+    *budget* is what is left of lock_timeout for this call, in seconds.
+    """
+    if not operation.writes:
+        return operation.body(conn)  # conn comes from read_only_view(): no BEGIN
+    if conn.dialect.name == "sqlite":
+        with _sqlite_busy_timeout(conn, budget), conn.begin():
+            return operation.body(conn)
+    with conn.begin():
+        # An integer of milliseconds: nothing user-supplied reaches the text.
+        conn.exec_driver_sql(f"SET LOCAL lock_timeout = {max(1, round(budget * 1000))}")
+        return operation.body(conn)
+
+
+@contextmanager
+def _sqlite_busy_timeout(conn: Connection, budget: float) -> Iterator[None]:
+    """Shorten this connection's busy timeout by what the writer queue used.
+
+    The connect listener set it to the whole lock_timeout; one ``PRAGMA`` on
+    the pooled DBAPI connection (before ``BEGIN IMMEDIATE``, which is what
+    waits) is needed only when the queue took a noticeable part of it.
+    """
+    full = lock_timeout_of(conn.engine)
+    if full - budget < 0.001:
+        yield
+        return
+    cursor = conn.connection.cursor()
+    try:
+        cursor.execute(f"PRAGMA busy_timeout = {max(1, round(budget * 1000))}")
+        yield
+    finally:
+        cursor.execute(f"PRAGMA busy_timeout = {round(full * 1000)}")
+        cursor.close()
+
+
+# SQLite writers of one process queue on one lock per connection pool (every
+# view of an engine shares its pool). As the Go code's mutex did, this turns
+# lock waits inside busy_timeout into a fair queue (FIELD-NOTES: worst wait
+# under 2 processes x 4 threads ~2 s -> ~0.4 s). asyncio writers queue on an
+# asyncio.Lock per pool and event loop.
+_thread_locks: weakref.WeakKeyDictionary[Pool, threading.Lock] = weakref.WeakKeyDictionary()
+_task_locks: weakref.WeakKeyDictionary[
+    Pool, weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Lock]
+] = weakref.WeakKeyDictionary()
+_locks_guard = threading.Lock()
+# Engines whose pooled connections a forked child must not reuse.
+_engines: weakref.WeakSet[Engine] = weakref.WeakSet()
+
+
+def _thread_lock(pool: Pool) -> threading.Lock:
+    with _locks_guard:
+        lock = _thread_locks.get(pool)
+        if lock is None:
+            lock = _thread_locks[pool] = threading.Lock()
+        return lock
+
+
+def _task_lock(pool: Pool) -> asyncio.Lock:
+    loop = asyncio.get_running_loop()
+    with _locks_guard:
+        per_loop = _task_locks.get(pool)
+        if per_loop is None:
+            per_loop = _task_locks[pool] = weakref.WeakKeyDictionary()
+        lock = per_loop.get(loop)
+        if lock is None:
+            lock = per_loop[loop] = asyncio.Lock()
+        return lock
+
+
+def track_for_fork(engine: Engine) -> None:
+    """Make *engine* safe to use in a child after ``os.fork()`` (see _after_fork_in_child)."""
+    _engines.add(engine)
+
+
+def _after_fork_in_child() -> None:
+    """A forked child starts with fresh pools and unlocked writer queues.
+
+    ``dispose(close=False)`` is SQLAlchemy's documented recipe: the child
+    drops its references to the inherited connections without closing them,
+    so the parent's sockets and transactions stay intact. A writer lock
+    another parent thread held at the fork would never be released here.
+    """
+    global _locks_guard
+    _locks_guard = threading.Lock()
+    _thread_locks.clear()
+    _task_locks.clear()
+    for engine in list(_engines):
+        engine.dispose(close=False)
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def _busy_message(subject: str, lock_timeout: float) -> DatabaseBusy:
+    return DatabaseBusy(
+        f"{subject}: another writer of this process kept the SQLite write lock "
+        f"beyond lock_timeout ({lock_timeout:g} s)"
+    )
+
+
+class SyncExecutor:
+    """Runs operations for ``RunProjection`` on one engine."""
+
+    __slots__ = ("_engine", "_lock_timeout", "_pool", "_reader", "_sqlite")
+
+    def __init__(self, engine: Engine) -> None:
+        dialect_name(engine.dialect)  # refuse unsupported databases up front
+        self._engine = engine
+        self._reader = read_only_view(engine)
+        self._lock_timeout = lock_timeout_of(engine)
+        self._sqlite = engine.dialect.name == "sqlite"
+        self._pool = engine.pool
+        track_for_fork(engine)
+
+    def run(self, operation: Operation[T]) -> T:
+        try:
+            with self._queue(operation) as budget:
+                engine = self._engine if operation.writes else self._reader
+                for attempt in (1, 2):
+                    connected = False
+                    try:
+                        with engine.connect() as conn:
+                            connected = True
+                            return run_in_transaction(conn, operation, budget)
+                    except DBAPIError as exc:
+                        if not _may_retry(exc, attempt, connected):
+                            raise
+                raise AssertionError("unreachable: the second attempt returns or raises")
+        except (SQLAlchemyError, OSError, TimeoutError) as exc:
+            raise translate_error(
+                exc,
+                operation.subject,
+                missing_run=operation.missing_run,
+                lock_timeout=self._lock_timeout,
+            ) from exc
+
+    @contextmanager
+    def _queue(self, operation: Operation[Any]) -> Iterator[float]:
+        """Hold the SQLite writer queue (writes only); yield the lock budget left."""
+        if not (operation.writes and self._sqlite):
+            yield self._lock_timeout
+            return
+        lock = _thread_lock(self._pool)
+        started = time.monotonic()
+        if not lock.acquire(timeout=self._lock_timeout):
+            raise _busy_message(operation.subject, self._lock_timeout)
+        try:
+            yield max(0.001, self._lock_timeout - (time.monotonic() - started))
+        finally:
+            lock.release()
+
+
+class AsyncExecutor:
+    """Runs operations for ``AsyncRunProjection`` on one ``AsyncEngine``.
+
+    The operation body is the synchronous one ``SyncExecutor`` runs, driven by
+    ``AsyncConnection.run_sync``: SQLAlchemy runs it in a greenlet whose
+    every database call awaits the async driver on this event loop.
+    """
+
+    __slots__ = ("_engine", "_lock_timeout", "_pool", "_reader", "_sqlite")
+
+    def __init__(self, engine: AsyncEngine) -> None:
+        from sqlalchemy.ext.asyncio import AsyncEngine
+
+        sync_engine = engine.sync_engine
+        dialect_name(sync_engine.dialect)
+        self._engine = engine
+        self._reader = AsyncEngine(read_only_view(sync_engine))
+        self._lock_timeout = lock_timeout_of(sync_engine)
+        self._sqlite = sync_engine.dialect.name == "sqlite"
+        self._pool = sync_engine.pool
+        track_for_fork(sync_engine)
+
+    async def run(self, operation: Operation[T]) -> T:
+        try:
+            async with self._queue(operation) as budget:
+                engine = self._engine if operation.writes else self._reader
+                for attempt in (1, 2):
+                    connected = False
+                    try:
+                        async with engine.connect() as conn:
+                            connected = True
+                            return await conn.run_sync(run_in_transaction, operation, budget)
+                    except DBAPIError as exc:
+                        if not _may_retry(exc, attempt, connected):
+                            raise
+                raise AssertionError("unreachable: the second attempt returns or raises")
+        except (SQLAlchemyError, OSError, TimeoutError) as exc:
+            raise translate_error(
+                exc,
+                operation.subject,
+                missing_run=operation.missing_run,
+                lock_timeout=self._lock_timeout,
+            ) from exc
+
+    @asynccontextmanager
+    async def _queue(self, operation: Operation[Any]) -> AsyncIterator[float]:
+        if not (operation.writes and self._sqlite):
+            yield self._lock_timeout
+            return
+        lock = _task_lock(self._pool)
+        started = time.monotonic()
+        try:
+            async with asyncio.timeout(self._lock_timeout):
+                await lock.acquire()
+        except TimeoutError:
+            raise _busy_message(operation.subject, self._lock_timeout) from None
+        try:
+            yield max(0.001, self._lock_timeout - (time.monotonic() - started))
+        finally:
+            lock.release()
