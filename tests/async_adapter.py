@@ -52,8 +52,10 @@ class BlockingAsyncProjection:
     def __init__(self, projection: AsyncRunProjection, loop: LoopThread, engine: Engine) -> None:
         self.async_projection = projection
         self._loop = loop
-        # Tests that inspect the database directly use a sync engine on it.
+        # Tests that inspect the database directly use a sync engine on it...
         self.engine = engine
+        # ...and tests that listen to execution events listen here.
+        self.observed_engine = projection.engine.sync_engine
 
     def _iterate(self, iterator: AsyncIterator[T]) -> Iterator[T]:
         while True:

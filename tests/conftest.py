@@ -17,15 +17,23 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
+from typing import cast
 
 import pytest
 import sqlalchemy as sa
 from alembic.config import Config as AlembicConfig
+from async_adapter import BlockingAsyncProjection, LoopThread
 from fakes import FakeClock
 from sqlalchemy.engine import Engine, make_url
 from sqlalchemy.pool import NullPool
 
-from relay_flow_projection import RunProjection, create_engine, upgrade
+from relay_flow_projection import (
+    AsyncRunProjection,
+    RunProjection,
+    create_async_engine,
+    create_engine,
+    upgrade,
+)
 from relay_flow_projection.engine import build_engine, resolve_target
 from relay_flow_projection.migrate import alembic_config as migration_config
 
@@ -149,9 +157,79 @@ def clock() -> FakeClock:
     return FakeClock()
 
 
+# The facades the functional suite runs on: every test using `projection` runs on
+# each (RELAY_FLOW_TEST_FACADES=sync narrows it). "async" is aiosqlite on SQLite and
+# psycopg's asyncio mode on PostgreSQL; "asyncpg" runs on PostgreSQL only.
+FACADES = tuple(os.environ.get("RELAY_FLOW_TEST_FACADES", "sync,async,asyncpg").split(","))
+
+
+@pytest.fixture(params=FACADES)
+def facade(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """asyncpg is a PostgreSQL driver: drop its SQLite combinations instead of skipping them."""
+    keep, drop = [], []
+    for item in items:
+        params = getattr(item, "callspec", None)
+        chosen = params.params if params is not None else {}
+        if chosen.get("facade") == "asyncpg" and chosen.get("dialect", "postgresql") == "sqlite":
+            drop.append(item)
+        else:
+            keep.append(item)
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = keep
+
+
+@pytest.fixture(scope="session")
+def loop_thread() -> Iterator[LoopThread]:
+    loop = LoopThread()
+    yield loop
+    loop.stop()
+
+
+def async_target(url: str, facade: str) -> tuple[str, dict[str, object]]:
+    """The target and engine arguments of the async facade on the database at *url*."""
+    if facade != "asyncpg":
+        return url, {}
+    parsed = make_url(url).set(drivername="postgresql+asyncpg")
+    # asyncpg takes server settings as a dict, not libpq's `options` string.
+    options = parsed.query.get("options")
+    parsed = parsed.difference_update_query(["options"])
+    settings = {}
+    if isinstance(options, str) and options.startswith("-csearch_path="):
+        settings["search_path"] = options.removeprefix("-csearch_path=")
+    connect_args = {"server_settings": settings} if settings else {}
+    return parsed.render_as_string(hide_password=False), {"connect_args": connect_args}
+
+
 @pytest.fixture
-def projection(engine: Engine, clock: FakeClock) -> RunProjection:
-    return RunProjection(engine, clock=clock)
+def projection(
+    engine: Engine,
+    clock: FakeClock,
+    facade: str,
+    migrated_url: str,
+    request: pytest.FixtureRequest,
+) -> Iterator[RunProjection]:
+    """The facade under test on the migrated database (see FACADES)."""
+    if facade == "sync":
+        yield RunProjection(engine, clock=clock)
+        return
+    loop: LoopThread = request.getfixturevalue("loop_thread")
+    target, kwargs = async_target(migrated_url, facade)
+    async_engine = create_async_engine(target, **kwargs)  # type: ignore[arg-type]
+    adapter = BlockingAsyncProjection(AsyncRunProjection(async_engine, clock=clock), loop, engine)
+    # Duck-typed: every RunProjection method, awaited on the loop thread.
+    yield cast(RunProjection, adapter)
+    loop.call(async_engine.dispose())
+
+
+@pytest.fixture
+def observed_engine(projection: RunProjection) -> Engine:
+    """The engine whose events see the statements of `projection` (on either facade)."""
+    return cast(Engine, getattr(projection, "observed_engine", projection.engine))
 
 
 @pytest.fixture

@@ -236,7 +236,7 @@ def test_iter_runs_empty(projection: RunProjection) -> None:
 
 
 @pytest.fixture
-def run_selects(engine: Engine) -> Iterator[list[str]]:
+def run_selects(observed_engine: Engine) -> Iterator[list[str]]:
     """Every SELECT statement on relay_runs issued through the engine (or its views)."""
     seen: list[str] = []
 
@@ -252,9 +252,9 @@ def run_selects(engine: Engine) -> Iterator[list[str]]:
         if normalized.startswith("SELECT") and "FROM RELAY_RUNS" in normalized:
             seen.append(normalized)
 
-    sa.event.listen(engine, "before_cursor_execute", before_cursor_execute)
+    sa.event.listen(observed_engine, "before_cursor_execute", before_cursor_execute)
     yield seen
-    sa.event.remove(engine, "before_cursor_execute", before_cursor_execute)
+    sa.event.remove(observed_engine, "before_cursor_execute", before_cursor_execute)
 
 
 @pytest.mark.parametrize(("batch_size", "pages"), [(3, 3), (4, 3), (7, 2), (8, 2), (100, 1)])
@@ -431,15 +431,15 @@ def many_expired(projection: RunProjection) -> RunProjection:
 
 
 @pytest.fixture
-def commits(engine: Engine) -> Iterator[list[int]]:
+def commits(observed_engine: Engine) -> Iterator[list[int]]:
     seen: list[int] = []
 
     def on_commit(conn: object) -> None:
         seen.append(1)
 
-    sa.event.listen(engine, "commit", on_commit)
+    sa.event.listen(observed_engine, "commit", on_commit)
     yield seen
-    sa.event.remove(engine, "commit", on_commit)
+    sa.event.remove(observed_engine, "commit", on_commit)
 
 
 @pytest.mark.parametrize("batch_size", [1, 2, 3, 6, 7, 8, 1000])

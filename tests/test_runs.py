@@ -477,7 +477,7 @@ def test_update_node_unknown_state_raises_and_changes_nothing(
 
 
 @pytest.fixture
-def fail_on_node_runtime_write(engine: Engine) -> Iterator[None]:
+def fail_on_node_runtime_write(observed_engine: Engine) -> Iterator[None]:
     """Make the node runtime half of update_node fail after the run half ran."""
 
     def before_cursor_execute(
@@ -491,9 +491,9 @@ def fail_on_node_runtime_write(engine: Engine) -> Iterator[None]:
         if statement.lstrip().upper().startswith("INSERT INTO RELAY_NODE_RUNTIME"):
             raise RuntimeError("injected failure")
 
-    sa.event.listen(engine, "before_cursor_execute", before_cursor_execute)
+    sa.event.listen(observed_engine, "before_cursor_execute", before_cursor_execute)
     yield
-    sa.event.remove(engine, "before_cursor_execute", before_cursor_execute)
+    sa.event.remove(observed_engine, "before_cursor_execute", before_cursor_execute)
 
 
 def test_update_node_is_one_transaction(
