@@ -140,13 +140,20 @@ def translate_error(
     waited = "" if lock_timeout is None else f" within lock_timeout ({lock_timeout:g} s)"
     if isinstance(exc, PoolTimeout):
         return DatabaseBusy(f"{subject}: no pooled connection became free{waited}: {exc}")
+    if isinstance(exc, sqlite3.Error):  # raised by a DBAPI cursor used directly (PRAGMA)
+        return _translate_driver_error(exc, exc, subject, missing_run, waited)
     if not isinstance(exc, DBAPIError):
         if isinstance(exc, TimeoutError | OSError):  # asyncpg's connect raises these bare
             return DatabaseUnavailable(f"{subject}: the database cannot be reached: {exc!r}")
         if isinstance(exc, SQLAlchemyError):
             return ProjectionError(f"{subject}: {exc}")
         return exc
-    orig: Any = exc.orig
+    return _translate_driver_error(exc, exc.orig, subject, missing_run, waited)
+
+
+def _translate_driver_error(
+    exc: BaseException, orig: Any, subject: str, missing_run: str | None, waited: str
+) -> ProjectionError:
     text = str(orig).strip().splitlines()[0] if str(orig).strip() else type(orig).__name__
     code = _sqlite_code(orig)
     if code is not None or isinstance(orig, sqlite3.Error):
@@ -172,7 +179,7 @@ def translate_error(
     if sqlstate in _SQLSTATES_BUSY:
         return DatabaseBusy(f"{subject}: a lock held by another session was not released{waited}")
     if (
-        exc.connection_invalidated
+        (isinstance(exc, DBAPIError) and exc.connection_invalidated)
         or sqlstate in _SQLSTATES_UNAVAILABLE
         or (isinstance(sqlstate, str) and sqlstate.startswith("08"))
         # psycopg reports refused, timed-out and closed connections without a SQLSTATE
@@ -226,12 +233,18 @@ def _sqlite_busy_timeout(conn: Connection, budget: float) -> Iterator[None]:
         yield
         return
     cursor = conn.connection.cursor()
+    cursor.execute(f"PRAGMA busy_timeout = {max(1, round(budget * 1000))}")
     try:
-        cursor.execute(f"PRAGMA busy_timeout = {max(1, round(budget * 1000))}")
         yield
     finally:
-        cursor.execute(f"PRAGMA busy_timeout = {round(full * 1000)}")
-        cursor.close()
+        try:
+            cursor.execute(f"PRAGMA busy_timeout = {round(full * 1000)}")
+            cursor.close()
+        except Exception:
+            # The connection died with the transaction (or a cancelled task's
+            # cleanup closed it): it must not return to the pool with the
+            # shortened timeout.
+            conn.invalidate()
 
 
 # SQLite writers of one process queue on one lock per connection pool (every
@@ -328,7 +341,7 @@ class SyncExecutor:
                         if not _may_retry(exc, attempt, connected):
                             raise
                 raise AssertionError("unreachable: the second attempt returns or raises")
-        except (SQLAlchemyError, OSError, TimeoutError) as exc:
+        except (SQLAlchemyError, sqlite3.Error, OSError) as exc:
             raise translate_error(
                 exc,
                 operation.subject,
@@ -375,6 +388,33 @@ class AsyncExecutor:
         track_for_fork(sync_engine)
 
     async def run(self, operation: Operation[T]) -> T:
+        """Run *operation*; a cancelled caller gets CancelledError once the call has ended.
+
+        The call runs in a task of its own, shielded from the caller's
+        cancellation: a transaction abandoned half-way would leave its
+        connection to SQLAlchemy's cancellation clean-up, which closes it in the
+        background while it may still hold SQLite's write lock or an open
+        server transaction. The call therefore commits or rolls back (it is an
+        idempotent activity, so having committed is harmless) and returns its
+        connection first; only then does the cancellation go on. A cancelled
+        call thus ends within its own duration, which lock_timeout bounds.
+        """
+        call = asyncio.ensure_future(self._run(operation))
+        try:
+            return await asyncio.shield(call)
+        except asyncio.CancelledError:
+            while not call.done():
+                try:
+                    await asyncio.shield(call)
+                except asyncio.CancelledError:
+                    continue  # cancelled again: still wait for the call to end
+                except BaseException:
+                    break
+            if not call.cancelled():
+                call.exception()  # its outcome is nobody's now; mark it retrieved
+            raise
+
+    async def _run(self, operation: Operation[T]) -> T:
         try:
             async with self._queue(operation) as budget:
                 engine = self._engine if operation.writes else self._reader
@@ -388,7 +428,7 @@ class AsyncExecutor:
                         if not _may_retry(exc, attempt, connected):
                             raise
                 raise AssertionError("unreachable: the second attempt returns or raises")
-        except (SQLAlchemyError, OSError, TimeoutError) as exc:
+        except (SQLAlchemyError, sqlite3.Error, OSError) as exc:
             raise translate_error(
                 exc,
                 operation.subject,

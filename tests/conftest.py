@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
-from typing import cast
+from typing import Any, cast
 
 import pytest
 import sqlalchemy as sa
@@ -190,7 +190,7 @@ def loop_thread() -> Iterator[LoopThread]:
     loop.stop()
 
 
-def async_target(url: str, facade: str) -> tuple[str, dict[str, object]]:
+def async_target(url: str, facade: str) -> tuple[str, dict[str, Any]]:
     """The target and engine arguments of the async facade on the database at *url*."""
     if facade != "asyncpg":
         return url, {}
@@ -219,7 +219,7 @@ def projection(
         return
     loop: LoopThread = request.getfixturevalue("loop_thread")
     target, kwargs = async_target(migrated_url, facade)
-    async_engine = create_async_engine(target, **kwargs)  # type: ignore[arg-type]
+    async_engine = create_async_engine(target, **kwargs)
     adapter = BlockingAsyncProjection(AsyncRunProjection(async_engine, clock=clock), loop, engine)
     # Duck-typed: every RunProjection method, awaited on the loop thread.
     yield cast(RunProjection, adapter)
