@@ -1,4 +1,5 @@
-"""Alembic environment of relay_flow_projection: all logic lives in the package."""
+"""The checkout's Alembic environment (alembic.ini); the installed package's is
+relay_flow_projection/migrations/env.py. All logic lives in the package."""
 
 from alembic import context
 

@@ -13,30 +13,34 @@ from sqlalchemy.engine import Connection
 
 from .engine import ResolvedTarget, Target, resolve_target
 from .errors import SchemaOutOfDate
-from .migration_env import TARGET_ATTRIBUTE
+from .migration_env import LOCK_TIMEOUT_ATTRIBUTE, TARGET_ATTRIBUTE
 
+# What a deployer's alembic.ini names: Alembic resolves "package:directory"
+# through importlib.resources, in a wheel and in an editable install alike.
+SCRIPT_LOCATION = "relay_flow_projection:migrations"
 _PACKAGE_DIR = Path(__file__).resolve().parent
 
 
 def migrations_directory() -> Path:
-    """The Alembic scripts: the wheel's bundled copy, else the repository's ``migrations/``."""
-    bundled = _PACKAGE_DIR / "_migrations"
-    if (bundled / "env.py").is_file():
-        return bundled
-    source = _PACKAGE_DIR.parent / "migrations"
-    if (source / "env.py").is_file():
-        return source
-    raise RuntimeError(
-        f"relay_flow_projection's migrations are missing (looked in {bundled}, {source})"
-    )
+    """The Alembic scripts inside the installed package (``relay_flow_projection:migrations``)."""
+    scripts = _PACKAGE_DIR / "migrations"
+    if not (scripts / "env.py").is_file():
+        raise RuntimeError(f"relay_flow_projection's migrations are missing (looked in {scripts})")
+    return scripts
 
 
-def alembic_config(target: Target | None = None) -> Config:
-    """An Alembic ``Config`` for the packaged chain, independent of the working directory."""
+def alembic_config(target: Target | None = None, *, lock_timeout: float | None = None) -> Config:
+    """An Alembic ``Config`` for the packaged chain, independent of the working directory.
+
+    *lock_timeout*: seconds to wait for another upgrader's migration lock
+    (default $RELAY_FLOW_MIGRATION_LOCK_TIMEOUT, else 60).
+    """
     config = Config()
     config.set_main_option("script_location", str(migrations_directory()))
     if target is not None:
         config.attributes[TARGET_ATTRIBUTE] = _url_text(resolve_target(target))
+    if lock_timeout is not None:
+        config.attributes[LOCK_TIMEOUT_ATTRIBUTE] = lock_timeout
     return config
 
 
@@ -63,14 +67,21 @@ def current_revision(connection: Connection) -> str | None:
     return heads[0] if heads else None
 
 
-def run_upgrade(target: Target, revision: str = "head") -> None:
+def run_upgrade(
+    target: Target, revision: str = "head", *, lock_timeout: float | None = None
+) -> None:
     try:
-        command.upgrade(alembic_config(target), revision)
+        command.upgrade(alembic_config(target, lock_timeout=lock_timeout), revision)
     except CommandError as exc:
         raise SchemaOutOfDate(
             f"cannot upgrade {resolve_target(target).describe()} to {revision}: {exc}"
         ) from exc
 
 
-def run_downgrade(target: Target, revision: str) -> None:
-    command.downgrade(alembic_config(target), revision)
+def run_downgrade(target: Target, revision: str, *, lock_timeout: float | None = None) -> None:
+    try:
+        command.downgrade(alembic_config(target, lock_timeout=lock_timeout), revision)
+    except CommandError as exc:
+        raise SchemaOutOfDate(
+            f"cannot downgrade {resolve_target(target).describe()} to {revision}: {exc}"
+        ) from exc

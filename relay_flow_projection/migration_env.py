@@ -1,4 +1,4 @@
-"""What ``migrations/env.py`` runs: one migration environment for the CLI and ``upgrade()``.
+"""What the chain's ``env.py`` runs: one migration environment for ``alembic`` and ``upgrade()``.
 
 Kept in the package (not in env.py) so it is typed, linted and importable by
 tests; env.py only calls :func:`run`.
@@ -9,42 +9,81 @@ from __future__ import annotations
 import logging
 import logging.config
 import os
+import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from datetime import UTC, datetime
 from typing import Any
 
 from alembic.runtime.environment import EnvironmentContext
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from alembic.util import CommandError
-from sqlalchemy import func, literal, select
+from sqlalchemy import BigInteger, bindparam, func, literal, select, text
 from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.exc import ArgumentError
 from sqlalchemy.pool import NullPool
 
 from .dialect import dialect_name
-from .engine import DEFAULT_URL, build_engine, resolve_target
-from .errors import ProjectionError, SchemaOutOfDate
+from .engine import DEFAULT_URL, ResolvedTarget, build_engine, resolve_target
+from .errors import DatabaseBusy, ProjectionError, SchemaOutOfDate
+from .execution import translate_error
 from .legacy import detect_legacy_generation
 from .schema import metadata
 
 log = logging.getLogger("relay_flow_projection.migrations")
 
 URL_ENVIRONMENT_VARIABLE = "RELAY_FLOW_DATABASE_URL"
-# Set by relay_flow_projection.upgrade(); wins over the environment.
+LOCK_TIMEOUT_ENVIRONMENT_VARIABLE = "RELAY_FLOW_MIGRATION_LOCK_TIMEOUT"
+DEFAULT_MIGRATION_LOCK_TIMEOUT = 60.0
+# Set by relay_flow_projection.upgrade(): the target, and the lock timeout (seconds).
 TARGET_ATTRIBUTE = "relay_target"
+LOCK_TIMEOUT_ATTRIBUTE = "relay_migration_lock_timeout"
+# How often a waiting upgrader asks again for the lock.
+_LOCK_POLL_SECONDS = 0.1
 
 
 def migration_url(context: EnvironmentContext) -> str:
-    """upgrade()'s target, else $RELAY_FLOW_DATABASE_URL, else ``-x url=``, else the default."""
+    """upgrade()'s target, else ``-x url=``, else $RELAY_FLOW_DATABASE_URL, else the default.
+
+    What is typed on the command line wins over the environment, as Alembic
+    users expect.
+    """
     target = context.config.attributes.get(TARGET_ATTRIBUTE)
     if target is not None:
         return str(target)
     from_x = context.get_x_argument(as_dictionary=True).get("url")
-    return os.environ.get(URL_ENVIRONMENT_VARIABLE) or from_x or DEFAULT_URL
+    return from_x or os.environ.get(URL_ENVIRONMENT_VARIABLE) or DEFAULT_URL
+
+
+def migration_lock_timeout(context: EnvironmentContext | None = None) -> float:
+    """Seconds an upgrader waits for another one's migration lock.
+
+    upgrade(..., lock_timeout=) / ``-x lock_timeout=``, else
+    $RELAY_FLOW_MIGRATION_LOCK_TIMEOUT, else 60 s.
+    """
+    given: object = None
+    source = "lock_timeout"
+    if context is not None:
+        given = context.config.attributes.get(LOCK_TIMEOUT_ATTRIBUTE)
+        if given is None:
+            given = context.get_x_argument(as_dictionary=True).get("lock_timeout")
+    if given is None:
+        given = os.environ.get(LOCK_TIMEOUT_ENVIRONMENT_VARIABLE) or None
+        source = LOCK_TIMEOUT_ENVIRONMENT_VARIABLE
+    if given is None:
+        return DEFAULT_MIGRATION_LOCK_TIMEOUT
+    try:
+        seconds = float(given)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        seconds = float("nan")
+    if not (0 < seconds < float("inf")):
+        raise ProjectionError(f"{source} must be a positive number of seconds, got {given!r}")
+    return seconds
 
 
 def include_name(name: str | None, type_: str, parent_names: Any) -> bool:
-    """Compare only relay tables: the projection may share a database with engine tables."""
+    """Compare only relay tables: the projection may share a database with other tables."""
     if type_ == "table":
         return name is not None and name.startswith("relay_")
     return True
@@ -56,42 +95,126 @@ def _configure(context: EnvironmentContext, **kwargs: Any) -> None:
         include_name=include_name,
         compare_type=True,
         # SQLite alters tables by rebuilding them ("batch" mode); the rebuild
-        # runs with foreign keys off (see run()), or dropping the old parent
-        # table would cascade-delete every child row.
+        # runs with foreign keys off (see _run_online), or dropping the old
+        # parent table would cascade-delete every child row.
         render_as_batch=True,
         transaction_per_migration=True,
         **kwargs,
     )
 
 
-@contextmanager
-def _migration_lock(connection: Connection) -> Iterator[None]:
-    """Serialize concurrent upgrades of one PostgreSQL database (and schema) or SQLite file.
+def _changes_revision(context: EnvironmentContext) -> bool:
+    """True for upgrade/downgrade/stamp (which name a destination, ``base`` included);
+    False for reading commands (current, check, history -i, revision --autogenerate)."""
+    try:
+        context.get_revision_argument()  # None for "base", which is a destination too
+    except KeyError:  # the reading commands set no destination at all
+        return False
+    return True
 
-    A session-level advisory lock: the second deployer waits, then finds the
-    chain already applied. SQLite has no such lock, and processes initializing
-    one new file at once ran the chain concurrently ("expected to match one row
-    when updating ... in alembic_version"): they take an exclusive ``flock`` on
-    a sidecar ``<database>.migrate-lock`` file (0600) instead.
+
+# ---------------------------------------------------------------- locking ---
+
+
+@contextmanager
+def migration_lock(engine: Engine, timeout: float, subject: str) -> Iterator[None]:
+    """Serialize upgrades of one PostgreSQL database (and schema) or SQLite file.
+
+    PostgreSQL: a *transaction-scoped* advisory lock held by a transaction of
+    its own, on a connection of its own, for the whole chain. Ending that
+    transaction (or losing its connection) releases the lock, so it cannot
+    outlive the upgrade -- unlike a session lock, which behind a
+    transaction-pooling PgBouncer stayed on whichever server connection took
+    it. The waiter polls ``pg_try_advisory_xact_lock`` and gives up after
+    *timeout* seconds with a DatabaseBusy naming the holder.
+
+    SQLite: an exclusive ``flock`` on ``<database>.migrate-lock`` (0600),
+    removed again by its holder (see :func:`_sqlite_file_lock`).
     """
-    if dialect_name(connection.dialect) != "postgresql":
-        with _sqlite_file_lock(connection.engine.url.database):
+    if dialect_name(engine.dialect) == "postgresql":
+        with _PostgresLock(engine, timeout, subject).hold():
             yield
         return
-    key = func.hashtext(literal("relay_flow_projection:") + func.current_schema())
-    connection.execute(select(func.pg_advisory_lock(key)))
-    connection.commit()
-    try:
+    with _sqlite_file_lock(engine.url.database, timeout, subject):
         yield
-    finally:
-        connection.rollback()
-        connection.execute(select(func.pg_advisory_unlock(key)))
-        connection.commit()
+
+
+class _PostgresLock:
+    """The PostgreSQL migration lock of :func:`migration_lock`."""
+
+    def __init__(self, engine: Engine, timeout: float, subject: str) -> None:
+        self.engine = engine
+        self.timeout = timeout
+        self.subject = subject
+
+    @contextmanager
+    def hold(self) -> Iterator[None]:
+        with self.engine.connect() as connection:
+            key = connection.execute(
+                select(func.hashtext(literal("relay_flow_projection:") + func.current_schema()))
+            ).scalar_one()
+            deadline = time.monotonic() + self.timeout
+            try_lock = select(func.pg_try_advisory_xact_lock(bindparam("key", type_=BigInteger())))
+            while not connection.execute(try_lock, {"key": key}).scalar_one():
+                if time.monotonic() >= deadline:
+                    raise DatabaseBusy(self._busy_message(connection, key))
+                time.sleep(_LOCK_POLL_SECONDS)
+            try:
+                yield
+            finally:
+                # Ends the lock's transaction: the lock goes with it.
+                connection.rollback()
+
+    def _busy_message(self, connection: Connection, key: int) -> str:
+        holder = connection.execute(
+            _LOCK_HOLDER, {"classid": (key >> 32) & 0xFFFFFFFF, "objid": key & 0xFFFFFFFF}
+        ).first()
+        if holder is None:
+            who = "another upgrade (which has just finished)"
+        else:
+            pid, since, application, address = holder
+            where = f" from {address}" if address else ""
+            name = f" ({application})" if application else ""
+            who = (
+                f"another upgrade, PostgreSQL backend pid {pid}{name}{where}, "
+                f"holding it since {_utc_text(since)}"
+            )
+        return (
+            f"{self.subject}: the migration lock is held by {who}; gave up after "
+            f"{self.timeout:g} s (set {LOCK_TIMEOUT_ENVIRONMENT_VARIABLE} to wait longer)"
+        )
+
+
+def _utc_text(value: datetime | None) -> str:
+    if value is None:
+        return "an unknown time"
+    return value.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+# One bigint advisory key shows in pg_locks as classid = high 32 bits,
+# objid = low 32 bits, objsubid = 1. xact_start is when the holder's lock
+# transaction began, i.e. since when it holds the lock.
+_LOCK_HOLDER = text(
+    "SELECT a.pid, a.xact_start, a.application_name, a.client_addr::text "
+    "FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid "
+    "WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1 "
+    "AND l.classid::bigint = :classid AND l.objid::bigint = :objid "
+    "AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database()) "
+    "LIMIT 1"
+)
 
 
 @contextmanager
-def _sqlite_file_lock(database: str | None) -> Iterator[None]:
-    """Hold an exclusive lock on ``<database>.migrate-lock`` (in-memory databases: none)."""
+def _sqlite_file_lock(database: str | None, timeout: float, subject: str) -> Iterator[None]:
+    """Hold an exclusive lock on ``<database>.migrate-lock`` (in-memory databases: none).
+
+    Processes initializing one new file at once ran the chain concurrently
+    ("expected to match one row when updating ... in alembic_version"), hence
+    the lock. Its holder unlinks the file before releasing it, and a process
+    that obtains the lock on a file that is no longer the one at the path
+    (unlinked meanwhile) starts over: two processes can never hold "the" lock
+    at once, and no lock file stays behind.
+    """
     try:
         import fcntl
     except ImportError:  # no flock on this platform: upgrades are not serialized
@@ -101,24 +224,62 @@ def _sqlite_file_lock(database: str | None) -> Iterator[None]:
         yield
         return
     path = f"{database}.migrate-lock"
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            descriptor = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+        except OSError as exc:
+            raise ProjectionError(
+                f"{subject}: cannot create the migration lock {path}: {exc.strerror or exc}"
+            ) from exc
+        try:
+            while True:
+                try:
+                    fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if time.monotonic() >= deadline:
+                        raise DatabaseBusy(
+                            f"{subject}: the migration lock {path} is held by another upgrade; "
+                            f"gave up after {timeout:g} s "
+                            f"(set {LOCK_TIMEOUT_ENVIRONMENT_VARIABLE} to wait longer)"
+                        ) from None
+                    time.sleep(_LOCK_POLL_SECONDS)
+            if _is_current_file(descriptor, path):
+                break
+        except BaseException:
+            os.close(descriptor)
+            raise
+        os.close(descriptor)  # the previous holder removed it: lock the new file
     try:
-        descriptor = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
-    except OSError as exc:
-        raise ProjectionError(f"cannot create the migration lock {path}: {exc}") from exc
-    try:
-        fcntl.flock(descriptor, fcntl.LOCK_EX)  # released when the descriptor closes
         yield
     finally:
-        os.close(descriptor)
+        try:
+            os.unlink(path)
+        finally:
+            os.close(descriptor)  # releases the flock
 
 
-def adopt_unversioned(connection: Connection, script: ScriptDirectory) -> None:
+def _is_current_file(descriptor: int, path: str) -> bool:
+    try:
+        at_path = os.stat(path)
+    except FileNotFoundError:
+        return False
+    held = os.fstat(descriptor)
+    return (held.st_dev, held.st_ino) == (at_path.st_dev, at_path.st_ino)
+
+
+# ------------------------------------------------------------ the chain ---
+
+
+def adopt_unversioned(
+    migration: MigrationContext, connection: Connection, script: ScriptDirectory
+) -> None:
     """Stamp an unversioned Go-era database with its generation's revision, and commit.
 
     The stamp is committed on its own: an uncommitted stamp vanishes under
     SQLAlchemy 2.x and the next run finds "no such column" (Dagster #25686).
     """
-    migration = MigrationContext.configure(connection)
     if migration.get_current_heads():
         connection.rollback()
         return
@@ -131,9 +292,11 @@ def adopt_unversioned(connection: Connection, script: ScriptDirectory) -> None:
     connection.commit()
 
 
-def require_known_revision(connection: Connection, script: ScriptDirectory) -> None:
+def require_known_revision(
+    migration: MigrationContext, connection: Connection, script: ScriptDirectory
+) -> None:
     """A database stamped by a newer release gets a clear error, not "Can't locate revision"."""
-    heads = MigrationContext.configure(connection).get_current_heads()
+    heads = migration.get_current_heads()
     connection.rollback()
     error = newer_release_error(heads, script, "the database")
     if error is not None:
@@ -151,30 +314,42 @@ def newer_release_error(
     return SchemaOutOfDate(
         f"{subject} is at revision {', '.join(unknown)}, which this release of "
         f"relay_flow_projection does not know (its head is {script.get_current_head()}); "
-        "it was written by a newer release: upgrade relay_flow_projection"
+        "it was written by a newer release: upgrade the relay-flow-projection package "
+        "(pip install -U relay-flow-projection), not the database"
     )
 
 
-def _changes_revision(context: EnvironmentContext) -> bool:
-    """True for upgrade/downgrade/stamp; False for read-only commands such as ``check``."""
-    try:
-        return context.get_revision_argument() is not None
-    except KeyError:  # commands that move no revision (check) set no destination
-        return False
-
-
 def _migrate(context: EnvironmentContext, connection: Connection) -> None:
+    """Configure once (Alembic logs "Context impl ..." once per configure), check, run."""
     script = context.script
-    with _migration_lock(connection):
-        require_known_revision(connection, script)
-        if _changes_revision(context):
-            adopt_unversioned(connection, script)
-        _configure(context, connection=connection)
-        with context.begin_transaction():
-            context.run_migrations()
-        if _changes_revision(context):
-            connection.commit()
-            _report_foreign_key_problems(connection)
+    _configure(context, connection=connection)
+    migration = context.get_context()
+    require_known_revision(migration, connection, script)
+    changes = _changes_revision(context)
+    if changes:
+        adopt_unversioned(migration, connection, script)
+    with context.begin_transaction():
+        context.run_migrations()
+    if changes:
+        connection.commit()
+        _report_foreign_key_problems(connection)
+
+
+def _migrate_with_lock(
+    context: EnvironmentContext, engine: Engine, connection: Connection, subject: str
+) -> None:
+    if not _changes_revision(context):
+        _migrate(context, connection)  # reading commands take no lock and write nothing
+        return
+    with migration_lock(engine, migration_lock_timeout(context), subject):
+        _migrate(context, connection)
+
+
+def _subject(resolved: ResolvedTarget | None, context: EnvironmentContext) -> str:
+    where = "the database" if resolved is None else resolved.describe()
+    if not _changes_revision(context):
+        return f"reading {where}"
+    return f"migrating {where}"
 
 
 def _run_online(context: EnvironmentContext) -> None:
@@ -183,16 +358,36 @@ def _run_online(context: EnvironmentContext) -> None:
     # that migrates on its own connection): its settings are the caller's.
     if isinstance(given, Engine):
         with given.connect() as connection:
-            _migrate(context, connection)
+            _migrate_with_lock(context, given, connection, _subject(None, context))
         return
-    if given is not None:
-        _migrate(context, given)
+    if isinstance(given, Connection):
+        _migrate_with_lock(context, given.engine, given, _subject(None, context))
         return
     resolved = resolve_target(migration_url(context))
-    engine = build_engine(resolved, foreign_keys=False, poolclass=NullPool)
+    reading = not _changes_revision(context)
+    if reading and resolved.path is not None and not resolved.path.exists():
+        # Reading commands never create a database (or a lock file).
+        raise ProjectionError(
+            f"{resolved.path} does not exist; create it with `alembic upgrade head`"
+        )
+    subject = _subject(resolved, context)
+    # Through build_engine: a missing driver names the extra to install, and a
+    # SQLite file that is not a database is refused before SQLite touches it.
+    try:
+        engine = build_engine(resolved, foreign_keys=False, read_only=reading, poolclass=NullPool)
+    except ArgumentError as exc:  # NoSuchModuleError: a dialect SQLAlchemy does not know
+        raise ProjectionError(
+            f"invalid database URL: {exc}; relay-flow-projection supports sqlite:// "
+            "and postgresql+psycopg://"
+        ) from exc
     try:
         with engine.connect() as connection:
-            _migrate(context, connection)
+            _migrate_with_lock(context, engine, connection, subject)
+    except Exception as exc:
+        error = translate_error(exc, subject)
+        if error is exc:
+            raise
+        raise error from exc
     finally:
         engine.dispose()
 
@@ -215,17 +410,28 @@ def _run_offline(context: EnvironmentContext) -> None:
 
 def run(context: EnvironmentContext) -> None:
     config = context.config
-    if config.cmd_opts is not None and config.config_file_name is not None:
-        # The alembic command line logs as alembic.ini says; a library caller
-        # of upgrade() keeps its own logging configuration.
-        logging.config.fileConfig(config.config_file_name, disable_existing_loggers=False)
+    command_line = config.cmd_opts is not None
+    if command_line and config.config_file_name is not None:
+        # The alembic command line logs as alembic.ini says (a two-line ini
+        # has no logging sections: Alembic's defaults apply); a library
+        # caller of upgrade() keeps its own logging configuration.
+        _configure_logging(config.config_file_name)
     try:
         if context.is_offline_mode():
             _run_offline(context)
         else:
             _run_online(context)
     except ProjectionError as exc:
-        if context.config.cmd_opts is not None:
+        if command_line:
             # The alembic command line prints CommandError as one line, no traceback.
             raise CommandError(str(exc)) from exc
         raise
+
+
+def _configure_logging(config_file: str) -> None:
+    import configparser
+
+    parser = configparser.ConfigParser()
+    parser.read(config_file)
+    if parser.has_section("loggers"):
+        logging.config.fileConfig(config_file, disable_existing_loggers=False)

@@ -394,15 +394,73 @@ def test_command_line_reports_a_newer_release_in_one_line(db_url: str, tmp_path:
 # ------------------------------------------------------------ command line ---
 
 
-def test_environment_url_beats_x_url(db_url: str, tmp_path: Path) -> None:
-    loser = tmp_path / "x-url.db"
+def test_x_url_beats_the_environment(db_url: str, tmp_path: Path) -> None:
+    loser = tmp_path / "environment.db"
     result = alembic_cli(
-        "-x", f"url=sqlite:///{loser}", "upgrade", "head", cwd=tmp_path, url=url_of(db_url)
+        "-x", f"url={url_of(db_url)}", "upgrade", "head", cwd=tmp_path, url=f"sqlite:///{loser}"
     )
     assert result.returncode == 0, result.stdout + result.stderr
     assert versions(db_url) == [head_revision()]
     assert not loser.exists()
     assert not (tmp_path / "relay-flow.db").exists()
+
+
+def test_environment_beats_the_default(db_url: str, tmp_path: Path) -> None:
+    result = alembic_cli("upgrade", "head", cwd=tmp_path, url=url_of(db_url))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert versions(db_url) == [head_revision()]
+    assert not (tmp_path / "relay-flow.db").exists()
+
+
+@pytest.mark.sqlite_only
+@pytest.mark.parametrize("command", [["current"], ["check"], ["history", "-i"]])
+def test_reading_commands_create_no_file(command: list[str], tmp_path: Path) -> None:
+    missing = tmp_path / "missing.db"
+    result = alembic_cli("-x", f"url=sqlite:///{missing}", *command, cwd=tmp_path)
+    assert result.returncode != 0
+    assert "Traceback" not in result.stdout + result.stderr
+    assert f"{missing} does not exist" in result.stdout
+    assert sorted(tmp_path.iterdir()) == []
+
+
+def test_upgrade_logs_the_context_once_and_leaves_no_lock_file(db_url: str, tmp_path: Path) -> None:
+    result = alembic_cli("upgrade", "head", cwd=tmp_path, url=url_of(db_url))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stderr.count("Context impl") == 1, result.stderr
+    current = alembic_cli("current", cwd=tmp_path, url=url_of(db_url))
+    assert current.stderr.count("Context impl") == 1, current.stderr
+    assert f"{head_revision()} (head)" in current.stdout
+    path = resolve_target(db_url).path
+    if path is not None:
+        assert not Path(f"{path}.migrate-lock").exists()
+
+
+@pytest.mark.parametrize("command", [["current"], ["check"], ["upgrade", "head"]])
+def test_newer_release_says_upgrade_the_package(
+    command: list[str], db_url: str, tmp_path: Path
+) -> None:
+    _stamp_unknown_revision(db_url)
+    result = alembic_cli(*command, cwd=tmp_path, url=url_of(db_url))
+    assert result.returncode != 0
+    assert "Traceback" not in result.stdout + result.stderr
+    (line,) = result.stdout.strip().splitlines()
+    assert UNKNOWN_REVISION in line
+    assert "upgrade the relay-flow-projection package" in line
+
+
+@pytest.mark.parametrize(
+    ("url", "expected"),
+    [
+        ("postgresql://u@localhost:notaport/db", "the port must be a number"),
+        ("nosuchdialect://x/y", "invalid database URL"),
+    ],
+)
+def test_bad_url_is_one_line(url: str, expected: str, tmp_path: Path) -> None:
+    result = alembic_cli("-x", f"url={url}", "current", cwd=tmp_path)
+    assert result.returncode != 0
+    assert "Traceback" not in result.stdout + result.stderr
+    (line,) = result.stdout.strip().splitlines()
+    assert expected in line
 
 
 def test_x_url_beats_the_default(db_url: str, tmp_path: Path) -> None:

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 from alembic import op
 
-from relay_flow_projection.timestamps import UtcDateTime
+from relay_flow_projection.migrations.frozen_v1 import utc_timestamp
 
 revision: str = "0002_generation_2"
 down_revision: str | Sequence[str] | None = "0001_generation_1"
@@ -33,7 +33,7 @@ def _run_fk(table: str) -> sa.ForeignKeyConstraint:
 def upgrade() -> None:
     op.add_column("relay_runs", sa.Column("retry_error", sa.Text(), nullable=True))
     op.add_column("relay_runs", sa.Column("retry_attempt", sa.Integer(), nullable=True))
-    op.add_column("relay_runs", sa.Column("next_retry_at", UtcDateTime(), nullable=True))
+    op.add_column("relay_runs", sa.Column("next_retry_at", utc_timestamp(), nullable=True))
     op.create_table(
         "relay_node_runtime",
         _run_id(),
@@ -41,7 +41,7 @@ def upgrade() -> None:
         sa.Column("terminal_id", sa.Text(), nullable=True),
         sa.Column("session_id", sa.Text(), nullable=True),
         sa.Column("node_visit_id", sa.Text(), nullable=False),
-        sa.Column("updated_at", UtcDateTime(), nullable=False),
+        sa.Column("updated_at", utc_timestamp(), nullable=False),
         sa.PrimaryKeyConstraint("run_id", "node", name="pk_relay_node_runtime"),
         _run_fk("relay_node_runtime"),
     )
@@ -50,7 +50,7 @@ def upgrade() -> None:
         _run_id(),
         sa.Column("report_id", sa.Text(), nullable=False),
         sa.Column("node_visit_id", sa.Text(), nullable=False),
-        sa.Column("created_at", UtcDateTime(), nullable=False),
+        sa.Column("created_at", utc_timestamp(), nullable=False),
         sa.PrimaryKeyConstraint("run_id", "report_id", name="pk_relay_processed_reports"),
         _run_fk("relay_processed_reports"),
     )
@@ -60,7 +60,7 @@ def upgrade() -> None:
         sa.Column("node", sa.Text(), nullable=False),
         sa.Column("session_id", sa.Text(), nullable=False),
         sa.Column("node_visit_id", sa.Text(), nullable=False),
-        sa.Column("created_at", UtcDateTime(), nullable=False),
+        sa.Column("created_at", utc_timestamp(), nullable=False),
         sa.PrimaryKeyConstraint("run_id", "node", "session_id", name="pk_relay_node_sessions"),
         _run_fk("relay_node_sessions"),
     )

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 from alembic import op
 
-from relay_flow_projection.timestamps import UtcDateTime
+from relay_flow_projection.migrations.frozen_v1 import utc_timestamp
 
 revision: str = "0001_generation_1"
 down_revision: str | Sequence[str] | None = None
@@ -33,9 +33,9 @@ def upgrade() -> None:
         sa.Column("current_node", sa.Text(), nullable=True),
         sa.Column("current_node_visit_id", sa.Text(), nullable=True),
         sa.Column("last_error", sa.Text(), nullable=True),
-        sa.Column("started_at", UtcDateTime(), nullable=False),
-        sa.Column("updated_at", UtcDateTime(), nullable=False),
-        sa.Column("finished_at", UtcDateTime(), nullable=True),
+        sa.Column("started_at", utc_timestamp(), nullable=False),
+        sa.Column("updated_at", utc_timestamp(), nullable=False),
+        sa.Column("finished_at", utc_timestamp(), nullable=True),
         sa.PrimaryKeyConstraint("id", name="pk_relay_runs"),
     )
     op.create_index("relay_runs_ticket_key", "relay_runs", ["ticket_key"])

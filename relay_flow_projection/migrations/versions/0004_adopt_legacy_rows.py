@@ -33,8 +33,11 @@ from typing import Any
 import sqlalchemy as sa
 from alembic import context, op
 
-from relay_flow_projection.errors import ProjectionError
-from relay_flow_projection.timestamps import UtcDateTime, normalize_stored_text
+from relay_flow_projection.migrations.frozen_v1 import (
+    MigrationRefused,
+    normalize_stored_text,
+    utc_timestamp,
+)
 
 revision: str = "0004_adopt_legacy_rows"
 down_revision: str | Sequence[str] | None = "0003_generation_3"
@@ -163,10 +166,10 @@ def _run_columns(metadata: sa.MetaData, name: str) -> sa.Table:
         sa.Column("last_error", sa.Text()),
         sa.Column("retry_error", sa.Text()),
         sa.Column("retry_attempt", sa.Integer()),
-        sa.Column("next_retry_at", UtcDateTime()),
-        sa.Column("started_at", UtcDateTime(), nullable=False),
-        sa.Column("updated_at", UtcDateTime(), nullable=False),
-        sa.Column("finished_at", UtcDateTime()),
+        sa.Column("next_retry_at", utc_timestamp()),
+        sa.Column("started_at", utc_timestamp(), nullable=False),
+        sa.Column("updated_at", utc_timestamp(), nullable=False),
+        sa.Column("finished_at", utc_timestamp()),
         sa.PrimaryKeyConstraint("id", name="pk_relay_runs"),
     )
 
@@ -179,7 +182,7 @@ def _require_foreign_keys_off(bind: sa.Connection) -> None:
     if bind.exec_driver_sql("PRAGMA foreign_keys").scalar():
         # A caller-provided connection with foreign keys on: dropping the old
         # relay_runs would cascade-delete every child row. Refuse instead.
-        raise ProjectionError(
+        raise MigrationRefused(
             "adopting this database replaces relay_runs, which needs SQLite foreign keys "
             "off: run the upgrade through relay_flow_projection.upgrade() or `alembic upgrade`"
         )
