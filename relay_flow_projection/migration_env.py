@@ -384,6 +384,9 @@ def _run_online(context: EnvironmentContext) -> None:
         with engine.connect() as connection:
             _migrate_with_lock(context, engine, connection, subject)
     except Exception as exc:
+        if context.config.cmd_opts is None:
+            raise  # upgrade() translates, naming the revision it was going to
+        # The alembic command line: one translated line, never a driver traceback.
         error = translate_error(exc, subject)
         if error is exc:
             raise
