@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from multiprocessing.synchronize import Event
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from relay_flow_projection import (
     ExecutorIdentity,
@@ -139,6 +139,65 @@ def contention_worker(
     for thread in workers:
         thread.join()
     projection.engine.dispose()
+    _write_merged(logs, result_path)
+
+
+def async_contention_worker(
+    target: str,
+    engine_kwargs: dict[str, Any],
+    sync_target: str,
+    worker: int,
+    tasks: int,
+    operations: int,
+    run_ids: list[str],
+    nodes: list[str],
+    seed: int,
+    start: Event,
+    result_path: str,
+) -> None:
+    """contention_worker on the asyncio facade: *tasks* concurrent calls on one event loop.
+
+    The same per-caller logic (``_contention_thread``) drives an
+    AsyncRunProjection through the blocking adapter, so each of the *tasks*
+    callers has one coroutine in flight on the process's single event loop.
+    """
+    from async_adapter import BlockingAsyncProjection, LoopThread
+
+    from relay_flow_projection import create_engine, open_async_projection
+
+    loop = LoopThread()
+    async_projection = loop.call(open_async_projection(target, **engine_kwargs))
+    sync_engine = create_engine(sync_target)
+    adapter = BlockingAsyncProjection(async_projection, loop, sync_engine)
+    projection = cast(RunProjection, adapter)  # duck-typed: the same methods
+    logs = [ThreadLog() for _ in range(tasks)]
+    callers = [
+        threading.Thread(
+            target=_contention_thread,
+            args=(
+                projection,
+                f"p{worker}a{index}",
+                seed * 1000 + worker * 100 + index,
+                operations,
+                run_ids,
+                nodes,
+                logs[index],
+            ),
+        )
+        for index in range(tasks)
+    ]
+    start.wait(timeout=120)
+    for caller in callers:
+        caller.start()
+    for caller in callers:
+        caller.join()
+    adapter.close()
+    sync_engine.dispose()
+    loop.stop()
+    _write_merged(logs, result_path)
+
+
+def _write_merged(logs: list[ThreadLog], result_path: str) -> None:
     merged: dict[str, Any] = {
         "latencies": {},
         "errors": [],
