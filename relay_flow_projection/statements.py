@@ -15,20 +15,17 @@ facade in ``repository.py`` owns the transaction.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from datetime import datetime
 from functools import cache
 from typing import Any
 
 from sqlalchemy import (
     ColumnElement,
-    Delete,
     Select,
     Text,
     Update,
     and_,
     bindparam,
     case,
-    delete,
     exists,
     func,
     select,
@@ -36,12 +33,11 @@ from sqlalchemy import (
     tuple_,
     update,
 )
-from sqlalchemy.engine import Connection, Dialect
+from sqlalchemy.engine import Connection
 
-from .dialect import always_cascades, matches_any, upsert_insert
+from .dialect import upsert_insert
 from .models import ExecutorIdentity, NodeRuntime, RetryStatus, Run, RunState
 from .schema import (
-    RUN_CHILD_TABLES,
     executor_identity,
     is_active,
     is_terminal,
@@ -260,57 +256,6 @@ def count_runs(
 HAS_ACTIVE_WORKFLOW = select(exists().where(runs.c.workflow == bindparam("value"), is_active))
 HAS_ACTIVE_REPO = select(exists().where(runs.c.repo == bindparam("value"), is_active))
 HAS_NONTERMINAL_RUNS = select(exists().where(is_active))
-
-# ----------------------------------------------------------- retention ---
-
-_SWEEPABLE = and_(
-    is_terminal,
-    runs.c.finished_at.is_not(None),
-    runs.c.finished_at < bindparam("older_than", type_=UtcDateTime()),
-)
-COUNT_SWEEPABLE = select(func.count()).select_from(runs).where(_SWEEPABLE)
-# FOR UPDATE (PostgreSQL) keeps a concurrent writer from reviving a run between
-# choosing it and deleting it; SQLite's BEGIN IMMEDIATE already excludes writers.
-SELECT_SWEEPABLE = (
-    select(runs.c.id)
-    .where(_SWEEPABLE)
-    .order_by(runs.c.finished_at)
-    .limit(bindparam("batch_size"))
-    .with_for_update()
-)
-
-
-@cache
-def _delete_runs_statements(dialect: Dialect) -> tuple[Delete, ...]:
-    """Children first, one set-based DELETE per table, then the runs themselves.
-
-    Explicit child deletes (rather than relying on ON DELETE CASCADE) keep the
-    sweep correct on a connection that runs without foreign keys enforced.
-    Where the cascade always runs (PostgreSQL) the runs' DELETE alone removes
-    the children: deleting them first only made the cascade triggers search
-    again (sweep of 100,000 runs: 5.5 -> 4.1 s).
-    """
-    parents = delete(runs).where(matches_any(dialect, runs.c.id, "ids"))
-    if always_cascades(dialect):
-        return (parents,)
-    children = tuple(
-        delete(table).where(matches_any(dialect, table.c.run_id, "ids"))
-        for table in RUN_CHILD_TABLES
-    )
-    return (*children, parents)
-
-
-def sweep_batch(conn: Connection, older_than: datetime, batch_size: int) -> list[str]:
-    ids = list(
-        conn.execute(
-            SELECT_SWEEPABLE, {"older_than": older_than, "batch_size": batch_size}
-        ).scalars()
-    )
-    if ids:
-        for statement in _delete_runs_statements(conn.dialect):
-            conn.execute(statement, {"ids": ids})
-    return ids
-
 
 # ------------------------------------------------------- node runtimes ---
 
