@@ -38,7 +38,7 @@ def upgrade(target: Target, revision: str = "head") -> None:
     """Run the Alembic chain on *target* (works from an installed wheel, in any directory)."""
     resolved = resolve_target(target)
     _check_file(resolved)
-    subject = f"upgrading {resolved.describe()} to {revision}"
+    subject = f"cannot upgrade {resolved.describe()} to {revision}"
     try:
         migrate.run_upgrade(target, revision)
     except ProjectionError:

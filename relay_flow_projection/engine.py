@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import math
 import os
 import sqlite3
@@ -21,7 +22,12 @@ from .errors import NotAProjectionDatabase, ProjectionError
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncEngine
 
-from .execution import DEFAULT_LOCK_TIMEOUT, LOCK_TIMEOUT_OPTION, track_for_fork
+from .execution import (
+    DEFAULT_LOCK_TIMEOUT,
+    LOCK_TIMEOUT_OPTION,
+    busy_timeout_pragma,
+    track_for_fork,
+)
 
 Target = str | os.PathLike[str]
 
@@ -134,6 +140,11 @@ def create_private_file(path: Path) -> None:
     except IsADirectoryError as exc:
         raise NotAProjectionDatabase(f"{path} is a directory, not a SQLite database") from exc
     except OSError as exc:
+        if path.exists() and exc.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
+            raise ProjectionError(
+                f"{path}: the database is read-only ({exc.strerror}); "
+                "reading commands and has_nonterminal_runs() still work"
+            ) from exc
         raise ProjectionError(f"cannot create {path}: {exc.strerror or exc}") from exc
     try:
         if os.fstat(fd).st_mode & 0o777 != FILE_MODE:
@@ -177,7 +188,7 @@ def _install_sqlite_listeners(
         try:
             # The whole lock budget; execution.py shortens it for one
             # transaction by what the in-process writer queue already used.
-            cursor.execute(f"PRAGMA busy_timeout = {busy_timeout_ms}")
+            cursor.execute(busy_timeout_pragma(lock_timeout))
             cursor.execute(f"PRAGMA foreign_keys = {'ON' if foreign_keys else 'OFF'}")
             if not read_only:
                 _enter_wal_mode(cursor, busy_timeout_ms)

@@ -94,6 +94,11 @@ class Operation(Generic[T]):
     missing_run: str | None = None
 
 
+def busy_timeout_pragma(seconds: float) -> str:
+    """SQLite's lock wait for *seconds* (at least 1 ms: 0 would mean "fail at once")."""
+    return f"PRAGMA busy_timeout = {int(max(1, round(seconds * 1000)))}"
+
+
 def lock_timeout_of(engine: Engine) -> float:
     value = engine.get_execution_options().get(LOCK_TIMEOUT_OPTION, DEFAULT_LOCK_TIMEOUT)
     return float(value)
@@ -216,7 +221,7 @@ def run_in_transaction(conn: Connection, operation: Operation[T], budget: float)
             return operation.body(conn)
     with conn.begin():
         # An integer of milliseconds: nothing user-supplied reaches the text.
-        conn.exec_driver_sql(f"SET LOCAL lock_timeout = {max(1, round(budget * 1000))}")
+        conn.exec_driver_sql(f"SET LOCAL lock_timeout = {int(max(1, round(budget * 1000)))}")
         return operation.body(conn)
 
 
@@ -233,12 +238,12 @@ def _sqlite_busy_timeout(conn: Connection, budget: float) -> Iterator[None]:
         yield
         return
     cursor = conn.connection.cursor()
-    cursor.execute(f"PRAGMA busy_timeout = {max(1, round(budget * 1000))}")
+    cursor.execute(busy_timeout_pragma(budget))
     try:
         yield
     finally:
         try:
-            cursor.execute(f"PRAGMA busy_timeout = {round(full * 1000)}")
+            cursor.execute(busy_timeout_pragma(full))
             cursor.close()
         except Exception:
             # The connection died with the transaction (or a cancelled task's

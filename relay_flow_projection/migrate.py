@@ -13,7 +13,7 @@ from sqlalchemy.engine import Connection
 
 from .engine import ResolvedTarget, Target, resolve_target
 from .errors import SchemaOutOfDate
-from .migration_env import LOCK_TIMEOUT_ATTRIBUTE, TARGET_ATTRIBUTE
+from .migration_env import LOCK_TIMEOUT_ATTRIBUTE, TARGET_ATTRIBUTE, chain_revision
 
 # What a deployer's alembic.ini names: Alembic resolves "package:directory"
 # through importlib.resources, in a wheel and in an editable install alike.
@@ -59,12 +59,16 @@ def head_revision() -> str:
 
 
 def current_revision(connection: Connection) -> str | None:
-    """The version row of the database (None when unversioned); leaves no transaction open."""
+    """The projection's version row (None when unversioned); leaves no transaction open.
+
+    The version table may also hold another chain's rows (README "Deploying"):
+    those are not ours and are skipped.
+    """
     try:
         heads = MigrationContext.configure(connection).get_current_heads()
     finally:
         connection.rollback()
-    return heads[0] if heads else None
+    return chain_revision(heads, script_directory())
 
 
 def run_upgrade(

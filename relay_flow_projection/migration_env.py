@@ -20,12 +20,12 @@ from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from alembic.util import CommandError
 from sqlalchemy import BigInteger, bindparam, func, literal, select, text
-from sqlalchemy.engine import Connection, Engine
-from sqlalchemy.exc import ArgumentError
+from sqlalchemy.engine import URL, Connection, Engine
+from sqlalchemy.exc import ArgumentError, NoSuchModuleError
 from sqlalchemy.pool import NullPool
 
 from .dialect import dialect_name
-from .engine import DEFAULT_URL, ResolvedTarget, build_engine, resolve_target
+from .engine import DEFAULT_URL, ResolvedTarget, build_engine, check_sqlite_file, resolve_target
 from .errors import DatabaseBusy, ProjectionError, SchemaOutOfDate
 from .execution import translate_error
 from .legacy import detect_legacy_generation
@@ -293,29 +293,68 @@ def adopt_unversioned(
 
 
 def require_known_revision(
-    migration: MigrationContext, connection: Connection, script: ScriptDirectory
-) -> None:
-    """A database stamped by a newer release gets a clear error, not "Can't locate revision"."""
+    migration: MigrationContext, connection: Connection, script: ScriptDirectory, changes: bool
+) -> bool:
+    """Whether this environment may run the chain here (False: an upgrade with nothing to do).
+
+    A database stamped by a newer release gets a clear error, not "Can't locate
+    revision". A version table shared with another chain (an application that
+    runs ours from its own environment, README "Deploying") is migrated by
+    that environment: ours only confirms it is at head, or says where to go.
+    """
     heads = migration.get_current_heads()
     connection.rollback()
     error = newer_release_error(heads, script, "the database")
     if error is not None:
         raise error
+    foreign = foreign_revisions(heads, script)
+    if not foreign:
+        return True
+    if changes and chain_revision(heads, script) == script.get_current_head():
+        log.info("the projection is at head; the rest of alembic_version is another chain's")
+        return False
+    raise ProjectionError(
+        f"the database's alembic_version also holds another chain's revisions "
+        f"({', '.join(foreign)}): it is migrated from that application's Alembic "
+        "environment (`alembic upgrade heads` there), not from relay_flow_projection's"
+    )
+
+
+def foreign_revisions(heads: Sequence[str], script: ScriptDirectory) -> list[str]:
+    """The heads that belong to no revision of this chain."""
+    known = {revision.revision for revision in script.walk_revisions()}
+    return [head for head in heads if head not in known]
+
+
+def chain_revision(heads: Sequence[str], script: ScriptDirectory) -> str | None:
+    """The projection's own revision among the version table's *heads*.
+
+    Ours is the head this release knows; with none known, the first one (a
+    newer release's, which newer_release_error reports).
+    """
+    foreign = set(foreign_revisions(heads, script))
+    ours = [head for head in heads if head not in foreign] or list(heads)
+    return ours[0] if ours else None
 
 
 def newer_release_error(
     revisions: Sequence[str], script: ScriptDirectory, subject: str
 ) -> SchemaOutOfDate | None:
-    """The error for revisions this release does not know (None when it knows them all)."""
-    known = {revision.revision for revision in script.walk_revisions()}
-    unknown = [revision for revision in revisions if revision not in known]
-    if not unknown:
+    """The error for revisions this release does not know (None when it knows them all,
+    or knows one of them: the others then belong to another chain sharing the table)."""
+    unknown = foreign_revisions(revisions, script)
+    if not unknown or len(unknown) < len(revisions):
         return None
+    shared = (
+        " (or, if another Alembic chain shares this alembic_version table, ours has not run)"
+        if len(unknown) > 1
+        else ""
+    )
     return SchemaOutOfDate(
         f"{subject} is at revision {', '.join(unknown)}, which this release of "
         f"relay_flow_projection does not know (its head is {script.get_current_head()}); "
         "it was written by a newer release: upgrade the relay-flow-projection package "
-        "(pip install -U relay-flow-projection), not the database"
+        f"(pip install -U relay-flow-projection), not the database{shared}"
     )
 
 
@@ -324,8 +363,9 @@ def _migrate(context: EnvironmentContext, connection: Connection) -> None:
     script = context.script
     _configure(context, connection=connection)
     migration = context.get_context()
-    require_known_revision(migration, connection, script)
     changes = _changes_revision(context)
+    if not require_known_revision(migration, connection, script, changes):
+        return
     if changes:
         adopt_unversioned(migration, connection, script)
     with context.begin_transaction():
@@ -371,15 +411,16 @@ def _run_online(context: EnvironmentContext) -> None:
             f"{resolved.path} does not exist; create it with `alembic upgrade head`"
         )
     subject = _subject(resolved, context)
+    if reading:
+        resolved = readable_target(resolved)
+    else:
+        _require_writable(resolved, subject)
     # Through build_engine: a missing driver names the extra to install, and a
     # SQLite file that is not a database is refused before SQLite touches it.
     try:
         engine = build_engine(resolved, foreign_keys=False, read_only=reading, poolclass=NullPool)
-    except ArgumentError as exc:  # NoSuchModuleError: a dialect SQLAlchemy does not know
-        raise ProjectionError(
-            f"invalid database URL: {exc}; relay-flow-projection supports sqlite:// "
-            "and postgresql+psycopg://"
-        ) from exc
+    except ArgumentError as exc:
+        raise url_error(exc) from exc
     try:
         with engine.connect() as connection:
             _migrate_with_lock(context, engine, connection, subject)
@@ -393,6 +434,63 @@ def _run_online(context: EnvironmentContext) -> None:
         raise error from exc
     finally:
         engine.dispose()
+
+
+def _require_writable(resolved: ResolvedTarget, subject: str) -> None:
+    """Say "read-only" plainly, before SQLite fails halfway with "cannot create"."""
+    path = resolved.path
+    if path is None or not path.exists():
+        return
+    if not os.access(path, os.W_OK) or not os.access(path.parent, os.W_OK):
+        raise ProjectionError(
+            f"{subject}: the database is read-only ({path} or its directory cannot be "
+            "written, and SQLite writes its -wal and -shm files beside it)"
+        )
+
+
+def readable_target(resolved: ResolvedTarget) -> ResolvedTarget:
+    """How a reading command opens *resolved*: as given, or, for a SQLite file in a
+    directory this process cannot write, as an immutable read-only URI.
+
+    SQLite in WAL mode must create ``<db>-shm`` even to read (``mode=ro`` alone
+    fails with "unable to open database file"). Where the directory is not
+    writable, nobody can be writing the database through it, so reading it as
+    ``immutable`` is exact -- unless a ``-wal`` file with changes not yet
+    checkpointed is there, which an immutable read would ignore: refused.
+    """
+    path = resolved.path
+    if path is None or not path.exists() or os.access(path.parent, os.W_OK):
+        return resolved
+    check_sqlite_file(path)
+    wal = path.with_name(path.name + "-wal")
+    if wal.exists() and wal.stat().st_size > 0:
+        raise ProjectionError(
+            f"cannot read {path} read-only: its write-ahead log {wal} holds changes not yet "
+            "written to the database and the directory is not writable; open it once "
+            "where it is writable (or copy the three files elsewhere)"
+        )
+    url = URL.create(
+        resolved.url.drivername,
+        database=f"file:{path.resolve()}",
+        query={"mode": "ro", "immutable": "1", "uri": "true"},
+    )
+    return ResolvedTarget(url, None)
+
+
+def url_error(exc: ArgumentError) -> ProjectionError:
+    """SQLAlchemy's refusal of a URL, saying which part of it is wrong."""
+    if isinstance(exc, NoSuchModuleError):  # a dialect or driver SQLAlchemy does not know
+        return ProjectionError(
+            f"invalid database URL: {exc}; relay-flow-projection supports sqlite:// "
+            "and postgresql+psycopg://"
+        )
+    text = str(exc)
+    if "port" in text:  # "Received non-integer port arguments: ('notaport',)" (?port=...)
+        return ProjectionError(
+            f"invalid database URL: the port must be a number ({text}); "
+            "expected for example postgresql+psycopg://user@host:5432/dbname"
+        )
+    return ProjectionError(f"invalid database URL: {text}")
 
 
 def _report_foreign_key_problems(connection: Connection) -> None:

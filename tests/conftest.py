@@ -7,6 +7,11 @@ the Alembic chain and the repository run unqualified, as in production).
 PostgreSQL comes from ``$RELAY_FLOW_TEST_POSTGRES_URL`` or the machine's server
 on 127.0.0.1:5432 (user postgres, trust auth). Without a reachable server the
 PostgreSQL cases skip with the reason; with ``CI=true`` they fail instead.
+
+The functional suite (every test using ``projection``) also runs on
+PostgreSQL through a private PgBouncer in transaction pooling mode (the
+``route`` parameter, tests/pgbouncer.py); without ``pgbouncer`` installed
+those cases skip, and fail under ``CI=true``.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ import sqlalchemy as sa
 from alembic.config import Config as AlembicConfig
 from async_adapter import BlockingAsyncProjection, LoopThread
 from fakes import FakeClock
+from pgbouncer import PgBouncer, pgbouncer_binary
 from sqlalchemy.engine import Engine, make_url
 from sqlalchemy.pool import NullPool
 
@@ -38,8 +44,12 @@ from relay_flow_projection.engine import build_engine, resolve_target
 from relay_flow_projection.migrate import alembic_config as migration_config
 
 DEFAULT_POSTGRES_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
-TEST_DATABASE = "relay_flow_projection_test"
+# A database of this session's own (a schema per test inside it), dropped at
+# the end: other runs may share the server, and nothing accumulates between
+# runs for a later one to trip over.
+TEST_DATABASE = f"relay_fp_test_{uuid.uuid4().hex[:12]}"
 DIALECTS = ("sqlite", "postgresql")
+ROUTES = ("direct", "pgbouncer")
 
 
 def _admin_url() -> sa.URL:
@@ -65,7 +75,11 @@ def postgres_unavailable() -> str | None:
 
 
 def require_postgres() -> None:
-    reason = postgres_unavailable()
+    _required(postgres_unavailable())
+
+
+def _required(reason: str | None) -> None:
+    """Skip with *reason*, or fail under CI=true, where nothing may skip for a missing server."""
     if reason is None:
         return
     if os.environ.get("CI", "").lower() == "true":
@@ -82,8 +96,10 @@ class PostgresSchemas:
     """Creates a schema per test and drops them all at the end of the session."""
 
     created: list[str] = field(default_factory=list)
+    bouncer: PgBouncer | None = None
 
-    def new_url(self) -> str:
+    def new_url(self, route: str = "direct") -> str:
+        """A fresh schema, reached directly or through the session's PgBouncer."""
         require_postgres()
         schema = f"t_{uuid.uuid4().hex[:16]}"
         base = postgres_database_url()
@@ -92,18 +108,34 @@ class PostgresSchemas:
             connection.exec_driver_sql(f'CREATE SCHEMA "{schema}"')
         engine.dispose()
         self.created.append(schema)
+        if route == "pgbouncer":
+            return self._pgbouncer().alias(schema, schema)
         url = base.update_query_dict({"options": f"-csearch_path={schema}"})
         return url.render_as_string(hide_password=False)
 
+    def _pgbouncer(self) -> PgBouncer:
+        if self.bouncer is None:
+            _required(None if pgbouncer_binary() else "pgbouncer is not installed")
+            base = postgres_database_url()
+            bouncer = PgBouncer(
+                server_host=base.host or "127.0.0.1",
+                server_port=base.port or 5432,
+                user=base.username or "postgres",
+                database=base.database or TEST_DATABASE,
+            )
+            bouncer.start()
+            self.bouncer = bouncer
+        return self.bouncer
+
     def drop_all(self) -> None:
+        if self.bouncer is not None:
+            self.bouncer.stop()
         if not self.created or postgres_unavailable() is not None:
             return
-        engine = sa.create_engine(
-            postgres_database_url(), isolation_level="AUTOCOMMIT", poolclass=NullPool
-        )
+        engine = sa.create_engine(_admin_url(), isolation_level="AUTOCOMMIT", poolclass=NullPool)
         with engine.connect() as connection:
-            for schema in self.created:
-                connection.exec_driver_sql(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+            # FORCE: a worker process a failed test left behind must not keep it alive.
+            connection.exec_driver_sql(f'DROP DATABASE IF EXISTS "{TEST_DATABASE}" WITH (FORCE)')
         engine.dispose()
 
 
@@ -120,10 +152,21 @@ def dialect(request: pytest.FixtureRequest) -> str:
 
 
 @pytest.fixture
-def db_url(dialect: str, tmp_path: Path, postgres_schemas: PostgresSchemas) -> str:
+def route() -> str:
+    """How PostgreSQL is reached: "direct", or "pgbouncer" for the functional suite."""
+    return "direct"
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "projection" in metafunc.fixturenames:
+        metafunc.parametrize("route", ROUTES)
+
+
+@pytest.fixture
+def db_url(dialect: str, route: str, tmp_path: Path, postgres_schemas: PostgresSchemas) -> str:
     """An empty database of the parametrized dialect, as a target string."""
     if dialect == "postgresql":
-        return postgres_schemas.new_url()
+        return postgres_schemas.new_url(route)
     return str(tmp_path / "projection.db")
 
 
@@ -169,12 +212,13 @@ def facade(request: pytest.FixtureRequest) -> str:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """asyncpg is a PostgreSQL driver: drop its SQLite combinations instead of skipping them."""
+    """asyncpg and PgBouncer are PostgreSQL's: drop their SQLite combinations, not skip them."""
     keep, drop = [], []
     for item in items:
         params = getattr(item, "callspec", None)
         chosen = params.params if params is not None else {}
-        if chosen.get("facade") == "asyncpg" and chosen.get("dialect", "postgresql") == "sqlite":
+        postgresql_only = chosen.get("facade") == "asyncpg" or chosen.get("route") == "pgbouncer"
+        if postgresql_only and chosen.get("dialect", "postgresql") == "sqlite":
             drop.append(item)
         else:
             keep.append(item)

@@ -1,7 +1,9 @@
 """The built wheel works on its own: installed in a fresh virtualenv, run outside the repository.
 
 ``upgrade()`` must find the Alembic chain inside the installed package (the
-wheel's ``relay_flow_projection/_migrations``), from any working directory.
+wheel's ``relay_flow_projection/migrations``, which Alembic addresses as
+``relay_flow_projection:migrations``), from any working directory, and a
+deployer's two-line ``alembic.ini`` drives the whole chain.
 Slow (a build and an install from the package index) but part of the default run.
 """
 
@@ -23,7 +25,9 @@ from relay_flow_projection.engine import resolve_target
 from relay_flow_projection.migrate import head_revision
 
 REPOSITORY = Path(__file__).resolve().parents[1]
-MIGRATION_SCRIPTS = sorted(p.name for p in (REPOSITORY / "migrations" / "versions").glob("*.py"))
+MIGRATION_SCRIPTS = sorted(
+    p.name for p in (REPOSITORY / "relay_flow_projection" / "migrations" / "versions").glob("*.py")
+)
 
 pytestmark = pytest.mark.slow
 
@@ -59,12 +63,12 @@ def test_wheel_carries_the_migrations_and_the_type_marker(wheel: Path) -> None:
     with zipfile.ZipFile(wheel) as archive:
         names = set(archive.namelist())
     assert "relay_flow_projection/py.typed" in names
-    assert "relay_flow_projection/_migrations/env.py" in names
-    assert "relay_flow_projection/_migrations/script.py.mako" in names
+    assert "relay_flow_projection/migrations/env.py" in names
+    assert "relay_flow_projection/migrations/script.py.mako" in names
     versions = sorted(
         name.rsplit("/", 1)[1]
         for name in names
-        if name.startswith("relay_flow_projection/_migrations/versions/")
+        if name.startswith("relay_flow_projection/migrations/versions/")
     )
     assert versions == MIGRATION_SCRIPTS
     assert len(versions) >= 5
@@ -112,7 +116,7 @@ def test_installed_wheel_upgrades_sqlite_from_any_directory(
 
     venv_root = venv_python.parent.parent
     assert Path(info["package"]).is_relative_to(venv_root)
-    assert Path(info["migrations"]) == Path(info["package"]).parent / "_migrations"
+    assert Path(info["migrations"]) == Path(info["package"]).parent / "migrations"
     assert info["head"] == head_revision()
     assert info["nonterminal"] is False
     database = elsewhere / "x.db"
@@ -126,3 +130,96 @@ def test_installed_wheel_upgrades_postgresql(
     info = _installed_upgrade(venv_python, tmp_path, postgres_url)
     assert info["head"] == head_revision()
     assert _versions(postgres_url) == [head_revision()]
+
+
+# What API.md tells a deployer without a checkout to write.
+TWO_LINE_INI = "[alembic]\nscript_location = relay_flow_projection:migrations\n"
+
+
+def _alembic(python: Path, cwd: Path, *args: str, url: str, ok: bool = True) -> str:
+    """The installed package's ``alembic`` console script, run in ``cwd``."""
+    command = [str(python.parent / "alembic"), "-x", f"url={url}", *args]
+    if ok:
+        result = _run(command, cwd)
+    else:
+        env = {k: v for k, v in os.environ.items() if k not in {"PYTHONPATH", "VIRTUAL_ENV"}}
+        result = subprocess.run(
+            command, cwd=cwd, env=env, capture_output=True, text=True, timeout=300, check=False
+        )
+        assert result.returncode != 0, result.stdout
+        assert "Traceback" not in result.stdout + result.stderr
+    return result.stdout + result.stderr
+
+
+def _relay_tables(target: str) -> set[str]:
+    engine = sa.create_engine(
+        resolve_target(target).url.render_as_string(hide_password=False), poolclass=NullPool
+    )
+    try:
+        return {name for name in sa.inspect(engine).get_table_names() if name.startswith("relay_")}
+    finally:
+        engine.dispose()
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
+def test_two_line_ini_upgrades_checks_and_downgrades(
+    venv_python: Path, tmp_path: Path, request: pytest.FixtureRequest, backend: str
+) -> None:
+    deploy = tmp_path / "deploy"  # an empty directory: no checkout, no env.py
+    deploy.mkdir()
+    (deploy / "alembic.ini").write_text(TWO_LINE_INI)
+    database = deploy / "projection.db"
+    url = (
+        f"sqlite:///{database}"
+        if backend == "sqlite"
+        else str(request.getfixturevalue("postgres_url"))
+    )
+
+    # Reading commands create nothing: on a missing SQLite file they say so.
+    if backend == "sqlite":
+        missing = _alembic(venv_python, deploy, "current", url=url, ok=False)
+        assert "does not exist" in missing
+        assert not database.exists()
+    else:
+        _alembic(venv_python, deploy, "current", url=url)
+
+    offline = _alembic(venv_python, deploy, "upgrade", "head", "--sql", url=url)
+    assert "CREATE TABLE relay_runs" in offline
+    if backend == "sqlite":
+        assert not database.exists()
+
+    _alembic(venv_python, deploy, "upgrade", "head", url=url)
+    assert _versions(url) == [head_revision()]
+    assert "No new upgrade operations detected" in _alembic(venv_python, deploy, "check", url=url)
+    assert head_revision() in _alembic(venv_python, deploy, "current", url=url)
+    history = _alembic(venv_python, deploy, "history", url=url)
+    for script in MIGRATION_SCRIPTS:
+        assert script.removesuffix(".py") in history
+
+    _alembic(venv_python, deploy, "downgrade", "base", url=url)
+    assert _versions(url) == []
+    assert _relay_tables(url) == set()
+    _alembic(venv_python, deploy, "upgrade", "head", url=url)
+    assert _versions(url) == [head_revision()]
+
+
+def test_command_line_url_wins_over_the_environment(venv_python: Path, tmp_path: Path) -> None:
+    deploy = tmp_path / "deploy"
+    deploy.mkdir()
+    (deploy / "alembic.ini").write_text(TWO_LINE_INI)
+    env_db, cli_db = deploy / "from-env.db", deploy / "from-cli.db"
+    command = [str(venv_python.parent / "alembic"), "-x", f"url=sqlite:///{cli_db}"]
+    env = {k: v for k, v in os.environ.items() if k not in {"PYTHONPATH", "VIRTUAL_ENV"}}
+    env["RELAY_FLOW_DATABASE_URL"] = f"sqlite:///{env_db}"
+    result = subprocess.run(
+        [*command, "upgrade", "head"],
+        cwd=deploy,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    assert cli_db.is_file()
+    assert not env_db.exists()

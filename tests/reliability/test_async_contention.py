@@ -35,8 +35,9 @@ NODES = ["plan", "code", "review"]
 
 
 @pytest.mark.parametrize("facade", ["async", "asyncpg"], indirect=True)
+@pytest.mark.parametrize("route", ["direct", "pgbouncer"])
 def test_async_contention_keeps_every_invariant(
-    migrated_url: str, dialect: str, facade: str, tmp_path: Path
+    migrated_url: str, dialect: str, facade: str, route: str, tmp_path: Path
 ) -> None:
     target, engine_kwargs = async_target(migrated_url, facade)
     engine = create_engine(migrated_url)
@@ -94,7 +95,8 @@ def test_async_contention_keeps_every_invariant(
                 )
             }
         print(
-            f"\nasync contention[{dialect}-{facade}]: {PROCESSES} processes x {TASKS} tasks, "
+            f"\nasync contention[{dialect}-{facade}, {route}]: "
+            f"{PROCESSES} processes x {TASKS} tasks, "
             f"{len(every)} operations, {len(errors)} errors, "
             f"p50 {percentile(every, 0.50) * 1000:.1f} ms, "
             f"p99 {percentile(every, 0.99) * 1000:.1f} ms; {len(receipts)} receipts, {binds} binds"

@@ -66,7 +66,11 @@ def _run_workers(target: str, operations: int, tmp_path: Path) -> list[dict[str,
     return [json.loads(path.read_text(encoding="utf-8")) for path in paths]
 
 
-def test_contention_keeps_every_invariant(db_url: str, dialect: str, tmp_path: Path) -> None:
+# PostgreSQL runs twice: directly and through a transaction-pooling PgBouncer.
+@pytest.mark.parametrize("route", ["direct", "pgbouncer"])
+def test_contention_keeps_every_invariant(
+    db_url: str, dialect: str, route: str, tmp_path: Path
+) -> None:
     init_database(db_url)
     engine = create_engine(db_url)
     try:
@@ -101,7 +105,7 @@ def test_contention_keeps_every_invariant(db_url: str, dialect: str, tmp_path: P
 
         by_kind = ", ".join(f"{kind} {len(values)}" for kind, values in sorted(latencies.items()))
         print(
-            f"\ncontention[{dialect}]: {PROCESSES} processes x {THREADS} threads, "
+            f"\ncontention[{dialect}, {route}]: {PROCESSES} processes x {THREADS} threads, "
             f"{len(every)} operations ({by_kind}), {len(errors)} errors, "
             f"p50 {percentile(every, 0.50) * 1000:.1f} ms, "
             f"p99 {percentile(every, 0.99) * 1000:.1f} ms, "
