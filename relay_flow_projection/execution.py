@@ -48,6 +48,7 @@ import sqlite3
 import threading
 import time
 import weakref
+from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
@@ -252,12 +253,55 @@ def _sqlite_busy_timeout(conn: Connection, budget: float) -> Iterator[None]:
             conn.invalidate()
 
 
+class FairLock:
+    """A first-come, first-served lock: release hands it to the longest waiter.
+
+    ``threading.Lock`` lets the releasing thread take the lock straight back
+    (it is already running; the woken waiter is not), so a thread that writes
+    in a loop -- the retention sweep, batch after batch -- starved the other
+    writers for many batches in a row. Here a waiter never loses its turn.
+    """
+
+    __slots__ = ("_guard", "_held", "_waiters")
+
+    def __init__(self) -> None:
+        self._guard = threading.Lock()
+        self._held = False
+        self._waiters: deque[threading.Lock] = deque()
+
+    def acquire(self, timeout: float) -> bool:
+        with self._guard:
+            if not self._held:
+                self._held = True
+                return True
+            turn = threading.Lock()
+            turn.acquire()
+            self._waiters.append(turn)
+        if turn.acquire(timeout=timeout):
+            return True  # release() handed the lock over
+        with self._guard:
+            if turn in self._waiters:
+                self._waiters.remove(turn)
+                return False
+        # release() handed it over just as the wait timed out: it is ours.
+        turn.acquire()
+        return True
+
+    def release(self) -> None:
+        with self._guard:
+            if self._waiters:
+                self._waiters.popleft().release()  # still held: by the next waiter now
+            else:
+                self._held = False
+
+
 # SQLite writers of one process queue on one lock per connection pool (every
 # view of an engine shares its pool). As the Go code's mutex did, this turns
 # lock waits inside busy_timeout into a fair queue (FIELD-NOTES: worst wait
 # under 2 processes x 4 threads ~2 s -> ~0.4 s). asyncio writers queue on an
-# asyncio.Lock per pool and event loop.
-_thread_locks: weakref.WeakKeyDictionary[Pool, threading.Lock] = weakref.WeakKeyDictionary()
+# asyncio.Lock per pool and event loop (asyncio.Lock is first-come,
+# first-served already).
+_thread_locks: weakref.WeakKeyDictionary[Pool, FairLock] = weakref.WeakKeyDictionary()
 _task_locks: weakref.WeakKeyDictionary[
     Pool, weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Lock]
 ] = weakref.WeakKeyDictionary()
@@ -266,11 +310,11 @@ _locks_guard = threading.Lock()
 _engines: weakref.WeakSet[Engine] = weakref.WeakSet()
 
 
-def _thread_lock(pool: Pool) -> threading.Lock:
+def _thread_lock(pool: Pool) -> FairLock:
     with _locks_guard:
         lock = _thread_locks.get(pool)
         if lock is None:
-            lock = _thread_locks[pool] = threading.Lock()
+            lock = _thread_locks[pool] = FairLock()
         return lock
 
 

@@ -39,6 +39,7 @@ from relay_flow_projection import (
     open_projection,
 )
 from relay_flow_projection.engine import resolve_target
+from relay_flow_projection.execution import FairLock
 
 T0 = FakeClock().now
 
@@ -552,3 +553,51 @@ def test_writes_to_a_read_only_sqlite_database_say_so(migrated_url: str) -> None
     with pytest.raises(ProjectionError, match="read-only"):
         projection.insert_start(_start("r1"), T0)
     engine.dispose()
+
+
+# ------------------------------------------------ the writer queue -------
+
+
+def test_writer_queue_is_first_come_first_served() -> None:
+    """The releasing thread cannot take the lock back ahead of those waiting.
+
+    With a plain threading.Lock a thread writing in a loop (the retention
+    sweep) re-took the lock batch after batch while other writers waited.
+    """
+    lock = FairLock()
+    assert lock.acquire(timeout=1)
+    order: list[str] = []
+    queued: list[threading.Thread] = []
+
+    def waiter(name: str) -> None:
+        assert lock.acquire(timeout=10)
+        order.append(name)
+        lock.release()
+
+    for name in ("first", "second", "third"):
+        thread = threading.Thread(target=waiter, args=(name,))
+        thread.start()
+        queued.append(thread)
+        deadline = time.monotonic() + 5
+        while len(lock._waiters) < len(queued) and time.monotonic() < deadline:
+            time.sleep(0.001)
+    lock.release()
+    # The former holder asks again at once: it must queue behind all three.
+    assert lock.acquire(timeout=10)
+    order.append("former holder")
+    lock.release()
+    for thread in queued:
+        thread.join(10)
+    assert order == ["first", "second", "third", "former holder"]
+
+
+def test_writer_queue_timeout_leaves_the_queue_intact() -> None:
+    lock = FairLock()
+    assert lock.acquire(timeout=1)
+    started = time.monotonic()
+    assert lock.acquire(timeout=0.05) is False
+    assert 0.04 < time.monotonic() - started < 2
+    assert not lock._waiters
+    lock.release()
+    assert lock.acquire(timeout=0.01)  # free again
+    lock.release()
