@@ -113,6 +113,12 @@ class PostgresSchemas:
         url = base.update_query_dict({"options": f"-csearch_path={schema}"})
         return url.render_as_string(hide_password=False)
 
+    def direct_url(self, url: str) -> str:
+        """The direct URL of the schema a PgBouncer URL of new_url() reaches."""
+        schema = make_url(url).database
+        options = {"options": f"-csearch_path={schema}"}
+        return postgres_database_url().update_query_dict(options).render_as_string(False)
+
     def _pgbouncer(self) -> PgBouncer:
         if self.bouncer is None:
             _required(None if pgbouncer_binary() else "pgbouncer is not installed")

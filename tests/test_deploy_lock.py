@@ -8,8 +8,9 @@ import subprocess
 import sys
 import threading
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 import sqlalchemy as sa
@@ -23,6 +24,9 @@ from relay_flow_projection.migration_env import (
     URL_ENVIRONMENT_VARIABLE,
     migration_lock,
 )
+
+if TYPE_CHECKING:
+    from conftest import PostgresSchemas
 
 REPOSITORY = Path(__file__).resolve().parents[1]
 ALEMBIC = Path(sys.executable).parent / "alembic"
@@ -105,31 +109,66 @@ def test_waiting_upgrader_gives_up_naming_the_holder(db_url: str) -> None:
     assert _versions(db_url) == [head_revision()]
 
 
+@contextmanager
+def busy_pool(url: str, clients: int) -> Iterator[None]:
+    """Other clients keep the pooler's server connections busy meanwhile."""
+    stop = threading.Event()
+    failures: list[BaseException] = []
+
+    def client() -> None:
+        engine = _engine(url)
+        try:
+            while not stop.is_set():
+                with engine.connect() as connection:
+                    connection.execute(sa.text("SELECT pg_sleep(0.01)"))
+        except BaseException as exc:  # pragma: no cover - reported below
+            failures.append(exc)
+        finally:
+            engine.dispose()
+
+    threads = [threading.Thread(target=client) for _ in range(clients)]
+    for thread in threads:
+        thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(30)
+    assert not failures, failures
+
+
 @THROUGH_A_POOLER_TOO
-def test_concurrent_upgrades_are_serialized_and_leave_no_lock(db_url: str) -> None:
+def test_concurrent_upgrades_are_serialized_and_leave_no_lock(
+    db_url: str, route: str, postgres_schemas: PostgresSchemas
+) -> None:
     # Processes, not threads: Alembic's `context` proxy is one per process.
     script = (
         "import sys; from relay_flow_projection import migrate; migrate.run_upgrade(sys.argv[1])"
     )
-    upgraders = [
-        subprocess.Popen(
-            [sys.executable, "-c", script, db_url],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for _ in range(4)
-    ]
-    outcomes = [upgrader.communicate(timeout=120) for upgrader in upgraders]
+    postgresql = resolve_target(db_url).path is None
+    with busy_pool(db_url, 3) if postgresql else nullcontext():
+        upgraders = [
+            subprocess.Popen(
+                [sys.executable, "-c", script, db_url],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+            for _ in range(4)
+        ]
+        outcomes = [upgrader.communicate(timeout=120) for upgrader in upgraders]
     assert [upgrader.returncode for upgrader in upgraders] == [0] * 4, outcomes
     assert _versions(db_url) == [head_revision()]
     path = resolve_target(db_url).path
-    if path is None:
-        assert _advisory_locks(db_url) == 0
-        # And the next upgrader is not kept waiting by anything left behind.
-        run_upgrade(db_url, lock_timeout=2)
-    else:
+    if path is not None:
         assert not Path(f"{path}.migrate-lock").exists()
+        return
+    assert _advisory_locks(db_url) == 0
+    # Nothing left behind on any server connection: a direct upgrader is not kept waiting.
+    direct = postgres_schemas.direct_url(db_url) if route == "pgbouncer" else db_url
+    run_upgrade(direct, lock_timeout=2)
+    assert _versions(direct) == [head_revision()]
 
 
 def test_the_lock_is_transaction_scoped(postgres_url: str) -> None:
