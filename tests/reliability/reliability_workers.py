@@ -8,6 +8,7 @@ every exception is recorded as data so the parent can count and show it.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import random
 import threading
@@ -27,6 +28,7 @@ from relay_flow_projection import (
     RunStart,
     RunState,
     init_database_with_identity,
+    open_async_projection,
     open_projection,
 )
 
@@ -283,6 +285,24 @@ def identity_racer(target: str, identity: tuple[str, str, str], barrier: Any) ->
     barrier.wait(timeout=120)
     try:
         init_database_with_identity(target, wanted)
+    except Exception as exc:  # the outcome is data for the parent
+        return type(exc).__name__, str(exc)
+    return "ok", ""
+
+
+def async_identity_racer(
+    target: str, identity: tuple[str, str, str], barrier: Any
+) -> tuple[str, str]:
+    """identity_racer on the asyncio facade: open (running the chain), then initialize."""
+    wanted = ExecutorIdentity(*identity)
+    barrier.wait(timeout=120)
+
+    async def race() -> None:
+        async with await open_async_projection(target, upgrade=True) as projection:
+            await projection.initialize_identity(wanted)
+
+    try:
+        asyncio.run(race())
     except Exception as exc:  # the outcome is data for the parent
         return type(exc).__name__, str(exc)
     return "ok", ""

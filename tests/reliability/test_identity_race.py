@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 from reliability_support import SPAWN, scaled
-from reliability_workers import identity_racer
+from reliability_workers import async_identity_racer, identity_racer
 
 from relay_flow_projection import ExecutorIdentity, open_projection
 from relay_flow_projection.migrate import head_revision
@@ -28,12 +28,15 @@ RACERS = 6
 
 
 def _race(
-    pool: Pool, barrier_factory: Any, target: str, identities: list[tuple[str, str, str]]
+    pool: Pool,
+    barrier_factory: Any,
+    target: str,
+    identities: list[tuple[str, str, str]],
+    racer: Any = identity_racer,
 ) -> list[tuple[tuple[str, str, str], str, str]]:
     barrier = barrier_factory(len(identities))
     pending = [
-        (identity, pool.apply_async(identity_racer, (target, identity, barrier)))
-        for identity in identities
+        (identity, pool.apply_async(racer, (target, identity, barrier))) for identity in identities
     ]
     return [(identity, *result.get(timeout=180)) for identity, result in pending]
 
@@ -45,14 +48,19 @@ def racers() -> Iterator[tuple[Pool, Any]]:
         yield pool, manager.Barrier
 
 
-def test_racing_initializers_write_one_marker(tmp_path: Path, racers: tuple[Pool, Any]) -> None:
+# The asyncio facade races the same way: open_async_projection runs the chain,
+# then initialize_identity (the same operation as the sync facade's).
+@pytest.mark.parametrize("racer", [identity_racer, async_identity_racer], ids=["sync", "async"])
+def test_racing_initializers_write_one_marker(
+    tmp_path: Path, racers: tuple[Pool, Any], racer: Any
+) -> None:
     rounds = scaled(5)
     for round_number in range(rounds):
         target = str(tmp_path / f"race-{round_number}.db")
         identities = [
             ("temporal", "temporal.internal:7233", f"namespace-{index}") for index in range(RACERS)
         ]
-        outcomes = _race(*racers, target, identities)
+        outcomes = _race(*racers, target, identities, racer)
         assert len(outcomes) == RACERS
         winners = [identity for identity, outcome, _ in outcomes if outcome == "ok"]
         losers = [outcome for _, outcome, _ in outcomes if outcome != "ok"]
@@ -77,10 +85,10 @@ def test_racing_initializers_write_one_marker(tmp_path: Path, racers: tuple[Pool
             projection.engine.dispose()
 
         # The same identity from every racer at once: all succeed.
-        again = _race(*racers, target, [winners[0]] * RACERS)
+        again = _race(*racers, target, [winners[0]] * RACERS, racer)
         assert [outcome for _, outcome, _ in again] == ["ok"] * RACERS, again
     print(
-        f"\nidentity race[sqlite]: {rounds} rounds x {RACERS} processes: "
+        f"\nidentity race[sqlite, {racer.__name__}]: {rounds} rounds x {RACERS} processes: "
         f"{rounds} markers written, {rounds * (RACERS - 1)} IdentityMismatch, "
         f"{rounds * RACERS} same-identity initializers succeeded, 0 other errors"
     )
