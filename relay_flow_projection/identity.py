@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from .errors import InvalidIdentity
 from .models import ExecutorIdentity
+from .validation import plain_text
 
 EXECUTOR_PLUGINS = ("goworkflows", "temporal")
 
@@ -11,6 +12,12 @@ EXECUTOR_PLUGINS = ("goworkflows", "temporal")
 def validate_identity(identity: ExecutorIdentity) -> None:
     if not isinstance(identity, ExecutorIdentity):
         raise InvalidIdentity(f"expected an ExecutorIdentity, got {type(identity).__name__}")
+    for name in ("executor_plugin", "temporal_address", "temporal_namespace"):
+        # Text the databases can store: a str, no NUL, no lone surrogate.
+        try:
+            plain_text(getattr(identity, name), name, key=False)
+        except (TypeError, ValueError) as exc:
+            raise InvalidIdentity(str(exc)) from None
     plugin = identity.executor_plugin
     if plugin == "goworkflows":
         if identity.temporal_address or identity.temporal_namespace:
@@ -26,6 +33,3 @@ def validate_identity(identity: ExecutorIdentity) -> None:
             f"unknown executor plugin {plugin[:40]!r} "
             f"(expected one of: {', '.join(EXECUTOR_PLUGINS)})"
         )
-    for name in ("executor_plugin", "temporal_address", "temporal_namespace"):
-        if "\x00" in getattr(identity, name):
-            raise InvalidIdentity(f"{name} must not contain NUL characters")

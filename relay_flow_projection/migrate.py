@@ -15,14 +15,16 @@ from .engine import ResolvedTarget, Target, resolve_target
 from .errors import SchemaOutOfDate
 from .migration_env import LOCK_TIMEOUT_ATTRIBUTE, TARGET_ATTRIBUTE, chain_revision
 
-# What a deployer's alembic.ini names: Alembic resolves "package:directory"
-# through importlib.resources, in a wheel and in an editable install alike.
-SCRIPT_LOCATION = "relay_flow_projection:migrations"
 _PACKAGE_DIR = Path(__file__).resolve().parent
 
 
 def migrations_directory() -> Path:
-    """The Alembic scripts inside the installed package (``relay_flow_projection:migrations``)."""
+    """The Alembic scripts inside the installed package.
+
+    A deployer's alembic.ini names the same directory as
+    ``relay_flow_projection:migrations``, which Alembic resolves through
+    importlib.resources, in a wheel and in an editable install alike.
+    """
     scripts = _PACKAGE_DIR / "migrations"
     if not (scripts / "env.py").is_file():
         raise RuntimeError(f"relay_flow_projection's migrations are missing (looked in {scripts})")

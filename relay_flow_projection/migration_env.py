@@ -156,6 +156,11 @@ class _PostgresLock:
             deadline = time.monotonic() + self.timeout
             try_lock = select(func.pg_try_advisory_xact_lock(bindparam("key", type_=BigInteger())))
             while not connection.execute(try_lock, {"key": key}).scalar_one():
+                # End the failed attempt's transaction before waiting: behind a
+                # transaction pooler an open transaction pins a server
+                # connection, and waiters pinning the whole pool would starve
+                # the holder's own migration transactions until they gave up.
+                connection.rollback()
                 if time.monotonic() >= deadline:
                     raise DatabaseBusy(self._busy_message(connection, key))
                 time.sleep(_LOCK_POLL_SECONDS)
@@ -403,7 +408,7 @@ def _run_online(context: EnvironmentContext) -> None:
     if isinstance(given, Connection):
         _migrate_with_lock(context, given.engine, given, _subject(None, context))
         return
-    resolved = resolve_target(migration_url(context))
+    resolved = check_url(resolve_target(migration_url(context)))
     reading = not _changes_revision(context)
     if reading and resolved.path is not None and not resolved.path.exists():
         # Reading commands never create a database (or a lock file).
@@ -477,20 +482,34 @@ def readable_target(resolved: ResolvedTarget) -> ResolvedTarget:
     return ResolvedTarget(url, None)
 
 
+def check_url(resolved: ResolvedTarget) -> ResolvedTarget:
+    """*resolved*, unless a part of its URL can never work: a ``port`` given in the
+    query string (``?port=...``, also a comma-separated list for several hosts)
+    must be whole numbers, as the port after the host must (engine.resolve_target)."""
+    given = resolved.url.query.get("port")
+    values = (given,) if isinstance(given, str) else (given or ())
+    for value in values:
+        for port in value.split(","):
+            if port and not port.strip().isdigit():
+                raise ProjectionError(
+                    f"invalid database URL: the port must be a number, got {port!r} "
+                    "in ?port=; expected for example postgresql+psycopg://user@host:5432/dbname"
+                )
+    return resolved
+
+
 def url_error(exc: ArgumentError) -> ProjectionError:
-    """SQLAlchemy's refusal of a URL, saying which part of it is wrong."""
+    """SQLAlchemy's refusal of a URL (at create_engine), as a ProjectionError.
+
+    SQLAlchemy's own message names the part it refused; the parts that can be
+    judged before it sees the URL are judged by check_url and resolve_target.
+    """
     if isinstance(exc, NoSuchModuleError):  # a dialect or driver SQLAlchemy does not know
         return ProjectionError(
             f"invalid database URL: {exc}; relay-flow-projection supports sqlite:// "
             "and postgresql+psycopg://"
         )
-    text = str(exc)
-    if "port" in text:  # "Received non-integer port arguments: ('notaport',)" (?port=...)
-        return ProjectionError(
-            f"invalid database URL: the port must be a number ({text}); "
-            "expected for example postgresql+psycopg://user@host:5432/dbname"
-        )
-    return ProjectionError(f"invalid database URL: {text}")
+    return ProjectionError(f"invalid database URL: {exc}")
 
 
 def _report_foreign_key_problems(connection: Connection) -> None:

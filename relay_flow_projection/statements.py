@@ -9,7 +9,7 @@ object, so they keep no engine alive. SQLAlchemy's compiled cache then serves
 each statement per engine.
 
 Nothing here begins or commits: the functions take a ``Connection`` and the
-facade in ``repository.py`` owns the transaction.
+executor in ``execution.py`` owns the transaction.
 """
 
 from __future__ import annotations

@@ -23,15 +23,30 @@ from sqlalchemy.engine import Dialect
 
 
 def require_aware(value: datetime, what: str = "timestamp") -> datetime:
-    """Return *value* converted to UTC; naive or unrepresentable values raise ValueError."""
+    """Return *value* as a plain ``datetime`` in UTC; naive or unrepresentable values
+    raise ValueError.
+
+    A subclass (pendulum, pandas, one overriding ``isoformat``) comes back as a
+    plain ``datetime``: SQLite stores ``isoformat()`` text, and a subclass's own
+    text would break the fixed-width layout that ``ORDER BY`` relies on, and
+    every later read of the row. The base-class methods are called directly for
+    the same reason: a subclass may override them.
+    """
     if not isinstance(value, datetime):
         raise TypeError(f"{what} must be a datetime, not {type(value).__name__}")
-    if value.tzinfo is None or value.utcoffset() is None:
-        raise ValueError(f"{what} must be timezone-aware, got naive {value.isoformat()}")
+    if value.tzinfo is None or datetime.utcoffset(value) is None:
+        raise ValueError(f"{what} must be timezone-aware, got naive {datetime.isoformat(value)}")
     try:
-        return value.astimezone(UTC)
+        utc = datetime.astimezone(value, UTC)
     except OverflowError as exc:
-        raise ValueError(f"{what} {value.isoformat()} is outside the representable range") from exc
+        raise ValueError(
+            f"{what} {datetime.isoformat(value)} is outside the representable range"
+        ) from exc
+    if type(utc) is datetime:
+        return utc
+    return datetime(
+        utc.year, utc.month, utc.day, utc.hour, utc.minute, utc.second, utc.microsecond, tzinfo=UTC
+    )
 
 
 def to_storage_text(value: datetime) -> str:

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from .models import RunState
+from dataclasses import replace
+
+from .models import Run, RunFilter, RunState
+from .timestamps import require_aware
 
 # INTEGER columns are 32-bit on PostgreSQL; refuse what one of them cannot hold.
 MAX_INTEGER = 2**31 - 1
@@ -19,12 +22,31 @@ def _checked_str(value: object, name: str, key: bool) -> str:
         raise TypeError(f"{name} must be a str, not {type(value).__name__}")
     if "\x00" in value:
         raise ValueError(f"{name} must not contain NUL characters: {value[:40]!r}")
-    if key and len(value) * 4 > MAX_KEY_BYTES and len(value.encode()) > MAX_KEY_BYTES:
+    # ASCII (nearly every identifier) is one byte per character and cannot
+    # hold a surrogate: only other text pays for the encoding.
+    size = len(value) if value.isascii() else _utf8_size(value, name)
+    if key and size > MAX_KEY_BYTES:
         raise ValueError(
-            f"{name} is {len(value.encode())} bytes; identifiers are limited to "
+            f"{name} is {size} bytes; identifiers are limited to "
             f"{MAX_KEY_BYTES} bytes: {value[:40]!r}..."
         )
     return value
+
+
+def _utf8_size(value: str, name: str) -> int:
+    """The UTF-8 length of *value*; a lone surrogate is refused here.
+
+    Both drivers encode text as UTF-8, and a lone surrogate (``"\\ud800"``,
+    e.g. from a badly decoded file name) has no UTF-8 form: without this check
+    it surfaces as a raw UnicodeEncodeError from inside the driver.
+    """
+    try:
+        return len(value.encode("utf-8"))
+    except UnicodeEncodeError as exc:
+        raise ValueError(
+            f"{name} is not valid Unicode text (lone surrogate at index {exc.start}): "
+            f"{value[:40]!r}"
+        ) from None
 
 
 def required_text(value: object, name: str, *, key: bool = True) -> str:
@@ -76,3 +98,40 @@ def positive(value: object, name: str) -> int:
     if number == 0:
         raise ValueError(f"{name} must be positive, got 0")
     return number
+
+
+def run_filter(filter: object) -> RunFilter:
+    """The filter of list_runs / iter_runs / count_runs, or "any" for None.
+
+    ``active`` must be a real bool: ``RunFilter(active="false")`` is truthy and
+    would silently list the active runs.
+    """
+    if filter is None:
+        return RunFilter()
+    if not isinstance(filter, RunFilter):
+        raise TypeError(f"filter must be a RunFilter or None, not {type(filter).__name__}")
+    for name in ("repo", "workflow", "ticket"):
+        value = getattr(filter, name)
+        if value is not None:
+            plain_text(value, name)
+    if filter.active is not None and not isinstance(filter.active, bool):
+        raise TypeError(
+            f"active must be a bool or None, not {type(filter.active).__name__} "
+            f"({str(filter.active)[:40]!r})"
+        )
+    return filter
+
+
+def keyset_after(after: object) -> Run | None:
+    """The keyset cursor of list_runs: a Run (as list_runs returned it) or None.
+
+    Only its ``started_at`` and ``id`` are used; both are checked here so that a
+    wrong cursor is refused as bad input, not met as a driver error mid-query.
+    """
+    if after is None:
+        return None
+    if not isinstance(after, Run):
+        raise TypeError(f"after must be a Run or None, not {type(after).__name__}")
+    plain_text(after.id, "after.id")
+    started_at = require_aware(after.started_at, "after.started_at")
+    return after if started_at is after.started_at else replace(after, started_at=started_at)

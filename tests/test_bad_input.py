@@ -10,7 +10,8 @@ from __future__ import annotations
 import random
 import re
 from collections.abc import Callable
-from datetime import UTC, datetime, timedelta
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta, timezone
 
 import pytest
 import sqlalchemy as sa
@@ -300,11 +301,16 @@ def test_nul_is_refused_naming_the_argument(
     [
         (ExecutorIdentity("temporal", NUL, "ns"), "temporal_address"),
         (ExecutorIdentity("temporal", "host:7233", NUL), "temporal_namespace"),
-        (ExecutorIdentity("temporal\x00"), "executor plugin"),
+        (ExecutorIdentity("temporal\x00"), "executor_plugin"),
+        (ExecutorIdentity("temporal", "host\ud800", "ns"), "temporal_address"),
+        (ExecutorIdentity("temporal", "host:7233", "\udfff"), "temporal_namespace"),
+        (ExecutorIdentity("go\ud800"), "executor_plugin"),
+        (ExecutorIdentity("temporal", 7233, "ns"), "temporal_address"),  # type: ignore[arg-type]
     ],
-    ids=["address", "namespace", "plugin"],
-)
-def test_nul_in_identity_is_refused(
+    ids=["address", "namespace", "plugin", "surrogate-address", "surrogate-namespace",
+         "surrogate-plugin", "not-text"],
+)  # fmt: skip
+def test_unstorable_identity_text_is_refused(
     projection: RunProjection, table_rows: Rows, identity: ExecutorIdentity, argument: str
 ) -> None:
     with pytest.raises(InvalidIdentity, match=argument):
@@ -522,3 +528,99 @@ def test_identifiers_over_512_bytes_are_refused_alike(
         call(projection, "é" * 256 + "x")  # 513 bytes, 257 characters
     assert {table: table_rows(table) for table in ALL_TABLES} == before
     call(projection, "é" * 256)  # exactly 512 bytes is accepted
+
+
+# ------------------------------------------- lone surrogates, filters, cursors ---
+
+# A lone surrogate has no UTF-8 form: the drivers raised a raw UnicodeEncodeError.
+# The catalogue (tests/reliability) tries every text argument on the sync facade;
+# these run a sample of writes and reads on every facade.
+# High and low halves alike ("\udcff" is what surrogateescape leaves of byte 0xff).
+SURROGATES = [pytest.param("ab\ud800", id="high"), pytest.param("ab\udcff-tail", id="low")]
+SURROGATE_CASES: list[tuple[str, Callable[[RunProjection, str], object]]] = [
+    ("run id", lambda p, v: p.insert_start(start(v), T0)),
+    ("ticket_id", lambda p, v: p.insert_start(start("r9", ticket_id=v), T0)),
+    ("last_error", lambda p, v: p.update_state("r1", RunState.BLOCKED, v)),
+    ("visit_id", lambda p, v: p.update_node("r1", RunState.RUNNING, "build", v)),
+    ("previous_session_id", lambda p, v: p.replace_node_runtime("r1", "build", "v1", "t", v, "s")),
+    ("session_id", lambda p, v: p.register_node_session(NodeSessionRegistration("r1", "build", v))),
+    ("workflow", lambda p, v: list(p.iter_runs(RunFilter(workflow=v)))),
+    ("report_id", lambda p, v: p.has_processed_report("r1", v)),
+]
+
+
+@pytest.mark.parametrize("text", SURROGATES)
+@pytest.mark.parametrize(
+    ("argument", "call"),
+    SURROGATE_CASES,
+    ids=[f"{i}-{c[0]}" for i, c in enumerate(SURROGATE_CASES)],
+)
+def test_lone_surrogate_is_refused_naming_the_argument(
+    seeded: RunProjection,
+    table_rows: Rows,
+    argument: str,
+    call: Callable[[RunProjection, str], object],
+    text: str,
+) -> None:
+    before = snapshot(table_rows)
+    with pytest.raises(
+        ValueError, match=rf"^{re.escape(argument)} .*lone surrogate at index 2"
+    ) as info:
+        call(seeded, text)
+    assert type(info.value) is ValueError  # not UnicodeEncodeError, a ValueError subclass
+    assert snapshot(table_rows) == before
+
+
+def test_valid_non_ascii_text_is_still_accepted(seeded: RunProjection) -> None:
+    """The surrogate check refuses only halves: astral characters (one code point each
+    in a Python str) and other non-ASCII text are stored as before."""
+    text = "日本語 🚀 \U0001f600 ü"
+    seeded.insert_start(start("r9", repo=text, ticket_id=text), T0)
+    run = seeded.get_run("r9")
+    assert (run.repo, run.ticket_id) == (text, text)
+    assert [r.id for r in seeded.list_runs(RunFilter(repo=text))] == ["r9"]
+
+
+READERS: list[tuple[str, Callable[[RunProjection, RunFilter], object]]] = [
+    ("list_runs", lambda p, f: p.list_runs(f)),
+    ("iter_runs", lambda p, f: list(p.iter_runs(f))),
+    ("count_runs", lambda p, f: p.count_runs(f)),
+]
+
+
+@pytest.mark.parametrize("active", ["false", 0], ids=["str-false", "zero"])
+@pytest.mark.parametrize(("name", "read"), READERS, ids=[n for n, _ in READERS])
+def test_run_filter_active_must_be_a_bool(
+    seeded: RunProjection,
+    name: str,
+    read: Callable[[RunProjection, RunFilter], object],
+    active: object,
+) -> None:
+    """RunFilter(active="false") is truthy: it used to list the *active* runs."""
+    with pytest.raises(TypeError, match=r"^active must be a bool or None"):
+        read(seeded, RunFilter(active=active))  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(("name", "read"), READERS, ids=[n for n, _ in READERS])
+def test_filter_must_be_a_run_filter(
+    seeded: RunProjection, name: str, read: Callable[[RunProjection, RunFilter], object]
+) -> None:
+    with pytest.raises(TypeError, match=r"^filter must be a RunFilter or None, not dict"):
+        read(seeded, {"repo": "repo"})  # type: ignore[arg-type]
+
+
+def test_keyset_cursor_must_be_a_run_with_aware_times(seeded: RunProjection) -> None:
+    run = seeded.get_run("r1")
+    with pytest.raises(TypeError, match=r"^after must be a Run or None, not str"):
+        seeded.list_runs(after="r1")  # type: ignore[arg-type]
+    naive = replace(run, started_at=run.started_at.replace(tzinfo=None))
+    with pytest.raises(ValueError, match=r"^after\.started_at must be timezone-aware"):
+        seeded.list_runs(after=naive)
+    with pytest.raises(TypeError, match=r"^after\.started_at must be a datetime, not NoneType"):
+        seeded.list_runs(after=replace(run, started_at=None))  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"^after\.id .*lone surrogate"):
+        seeded.list_runs(after=replace(run, id="r\ud800"))
+    # A cursor in another zone is the same instant: paging is unchanged.
+    seeded.insert_start(start("r2"), T0 + timedelta(seconds=1))
+    shifted = replace(run, started_at=run.started_at.astimezone(timezone(timedelta(hours=-7))))
+    assert [r.id for r in seeded.list_runs(after=shifted)] == ["r2"]

@@ -39,6 +39,7 @@ from relay_flow_projection import (
     RunState,
     SchemaOutOfDate,
     create_engine,
+    init_database,
     init_database_with_identity,
 )
 from relay_flow_projection.cli import cli
@@ -177,7 +178,9 @@ def test_init_creates_the_schema_at_head_and_is_idempotent(db_url: str) -> None:
 
 def test_init_with_temporal_identity_writes_the_marker(db_url: str) -> None:
     result = ok("--db", db_url, "init", *TEMPORAL)
-    assert "executor identity: temporal (address t:7233, namespace ns)" in result.stdout
+    assert "executor identity: temporal (address 't:7233', namespace 'ns')" in result.stdout
+    shown = ok("--db", db_url, "identity", "show").stdout
+    assert shown == "temporal (address 't:7233', namespace 'ns')\n"
     shown = as_json("--db", db_url, "identity", "show")["identity"]
     assert set(shown) == IDENTITY_KEYS
     assert shown == {
@@ -185,9 +188,25 @@ def test_init_with_temporal_identity_writes_the_marker(db_url: str) -> None:
         "temporal_address": "t:7233",
         "temporal_namespace": "ns",
     }
-    # A second init with the same identity verifies it; a different one is a mismatch.
+    # A second init with the same identity verifies it; a different one is a mismatch,
+    # with both identities as people write them (no dataclass repr).
     ok("--db", db_url, "init", *TEMPORAL)
-    assert_error(invoke("--db", db_url, "init", "--executor", "goworkflows"), 1, "mismatch")
+    mismatch = invoke("--db", db_url, "init", "--executor", "goworkflows")
+    assert_error(
+        mismatch,
+        1,
+        "executor identity mismatch: configured goworkflows, "
+        "but the database belongs to temporal (address 't:7233', namespace 'ns')",
+    )
+    assert "ExecutorIdentity" not in mismatch.stderr
+    assert "executor_plugin" not in mismatch.stderr
+    other = ("--executor", "temporal", "--temporal-address", "t:7233", "--temporal-namespace", "x")
+    assert_error(
+        invoke("--db", db_url, "init", *other),
+        1,
+        "configured temporal (address 't:7233', namespace 'x'), "
+        "but the database belongs to temporal (address 't:7233', namespace 'ns')",
+    )
 
 
 def test_init_with_an_invalid_identity_is_bad_input_and_touches_nothing(db_url: str) -> None:
@@ -338,13 +357,14 @@ def test_runs_list_filters(seeded_url: str) -> None:
 
 def test_runs_list_pages_with_limit_and_after(seeded_url: str) -> None:
     page = as_json("--db", seeded_url, "runs", "list", "--limit", "2")
-    assert set(page) == {"runs", "next_after"}
+    assert set(page) == {"runs", "next_after", "total"}
+    assert page["total"] == 4
     assert [run["id"] for run in page["runs"]] == ["run-a", "run-b"]
     assert page["next_after"] == "run-b"
     rest = as_json("--db", seeded_url, "runs", "list", "--limit", "2", "--after", "run-b")
     assert [run["id"] for run in rest["runs"]] == ["run-c", "run-d"]
     last = as_json("--db", seeded_url, "runs", "list", "--limit", "2", "--after", "run-d")
-    assert last == {"runs": [], "next_after": None}
+    assert last == {"runs": [], "next_after": None, "total": 4}
     partial = as_json("--db", seeded_url, "runs", "list", "--after", "run-c")
     assert [run["id"] for run in partial["runs"]] == ["run-d"]
     assert partial["next_after"] is None
@@ -386,7 +406,8 @@ def test_runs_list_json_shape(seeded_url: str) -> None:
 
 def test_runs_list_table_is_aligned(seeded_url: str) -> None:
     lines = ok("--db", seeded_url, "runs", "list").stdout.splitlines()
-    header, *rows = lines
+    header, *rows, count = lines
+    assert count == "4 of 4 runs"
     assert header.split() == [
         "ID",
         "STATE",
@@ -409,8 +430,10 @@ def test_runs_list_table_is_aligned(seeded_url: str) -> None:
 
 
 def test_runs_list_empty(migrated_url: str) -> None:
-    assert ok("--db", migrated_url, "runs", "list").stdout.strip() == "no matching runs"
-    assert as_json("--db", migrated_url, "runs", "list") == {"runs": [], "next_after": None}
+    empty = ok("--db", migrated_url, "runs", "list").stdout.strip()
+    assert empty == "no matching runs (0 of 0 runs)"
+    expected: dict[str, object] = {"runs": [], "next_after": None, "total": 0}
+    assert as_json("--db", migrated_url, "runs", "list") == expected
 
 
 def test_runs_show_with_node_runtimes(seeded_url: str) -> None:
@@ -453,7 +476,7 @@ def test_sweep_dry_run_counts_and_deletes_nothing(seeded_url: str) -> None:
         r"would sweep 1 run finished before \S+Z \(older than 30d\)\n", result.stdout
     )
     report = as_json("--db", seeded_url, "sweep", "--older-than", "90m", "--dry-run")
-    assert set(report) == {"dry_run", "older_than", "cutoff", "runs"}
+    assert set(report) == {"dry_run", "older_than", "cutoff", "runs", "archive", "interrupted"}
     assert report["dry_run"] is True
     assert report["runs"] == 2
     assert report["older_than"] == "90m"
@@ -615,15 +638,26 @@ def test_usage_errors_are_one_line(migrated_url: str) -> None:
     assert_error(invoke("--db", migrated_url, "runs", "list", "--limit"), 2, "--limit")
 
 
-def command_paths() -> list[str]:
-    """Every leaf command, as typed: ``init``, ``runs list``, ..."""
-    paths: list[str] = []
-    for name, command in sorted(cli.commands.items()):
+def commands() -> dict[str, click.Command]:
+    """Every leaf command by its path as typed (``init``, ``runs list``, ...); the
+    group imports its commands lazily, so they are asked for, not read from a dict."""
+    context = click.Context(cli)
+    leaves: dict[str, click.Command] = {}
+    for name in cli.list_commands(context):
+        command = cli.get_command(context, name)
+        assert command is not None, name
         if isinstance(command, click.Group):
-            paths.extend(f"{name} {sub}" for sub in sorted(command.commands))
+            for sub in command.list_commands(context):
+                leaf = command.get_command(context, sub)
+                assert leaf is not None, sub
+                leaves[f"{name} {sub}"] = leaf
         else:
-            paths.append(name)
-    return paths
+            leaves[name] = command
+    return leaves
+
+
+def command_paths() -> list[str]:
+    return sorted(commands())
 
 
 def test_readme_documents_every_command_with_an_example() -> None:
@@ -639,7 +673,8 @@ def test_readme_documents_every_command_with_an_example() -> None:
 
 def test_help_lists_every_command() -> None:
     text = ok("--help").stdout
-    for command in ("init", "upgrade", "current", "check", "status", "runs", "sweep", "identity"):
+    commands = ("init", "upgrade", "downgrade", "current", "history", "check", "status", "runs")
+    for command in (*commands, "sweep", "identity"):
         assert re.search(rf"^  {command}\s", text, re.MULTILINE), command
     assert ENV_VAR in text
 
@@ -739,3 +774,293 @@ def test_sweep_shows_a_progress_bar_on_a_terminal(tmp_path: Path) -> None:
     assert b"sweeping" in shown
     assert b"100%" in shown
     assert stdout.decode().startswith("swept 2 runs finished before ")
+
+
+# ------------------------------------------- operator items of issue 12 ---
+
+
+def test_runs_list_hint_and_total_only_when_more_rows_exist(seeded_url: str) -> None:
+    exact = ok("--db", seeded_url, "runs", "list", "--limit", "4")
+    assert exact.stdout.splitlines()[-1] == "4 of 4 runs"
+    assert "more runs follow" not in exact.stderr
+    assert as_json("--db", seeded_url, "runs", "list", "--limit", "4")["next_after"] is None
+    fewer = ok("--db", seeded_url, "runs", "list", "--limit", "3")
+    assert fewer.stdout.splitlines()[-1] == "3 of 4 runs"
+    assert fewer.stderr.strip() == "more runs follow: --after run-c"
+    web = ok("--db", seeded_url, "runs", "list", "--repo", "acme/web", "--limit", "1")
+    assert web.stdout.splitlines()[-1] == "1 of 2 runs"
+
+
+def test_the_total_line_groups_thousands() -> None:
+    from relay_flow_projection.cli.run_commands import _count_text
+
+    assert _count_text(100, 35_700) == "100 of 35,700 runs"
+    assert _count_text(1, 1) == "1 of 1 run"
+
+
+def test_runs_list_state_is_repeatable(seeded_url: str) -> None:
+    assert run_ids(seeded_url, "--state", "waiting") == ["run-d"]
+    both = ("--state", "completed", "--state", "waiting")
+    assert run_ids(seeded_url, *both) == ["run-a", "run-d"]
+    assert as_json("--db", seeded_url, "runs", "list", *both)["total"] == 2
+    assert run_ids(seeded_url, "--state", "running", "--terminal") == []
+    assert run_ids(seeded_url, "--state", "canceled", "--repo", "acme/api") == ["run-b"]
+    paged = as_json("--db", seeded_url, "runs", "list", *both, "--limit", "1")
+    assert [run["id"] for run in paged["runs"]] == ["run-a"]
+    assert paged["next_after"] == "run-a"
+    rest = as_json("--db", seeded_url, "runs", "list", *both, "--after", "run-a")
+    assert [run["id"] for run in rest["runs"]] == ["run-d"]
+    assert_error(invoke("--db", seeded_url, "runs", "list", "--state", "failed"), 2, "--state")
+
+
+def test_runs_list_all_streams_pages(seeded_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    from relay_flow_projection.cli import run_commands
+
+    monkeypatch.setattr(run_commands, "PAGE_SIZE", 2)
+    limits: list[int | None] = []
+    original = RunProjection.list_runs
+
+    def spy(self: RunProjection, *args: Any, **kwargs: Any) -> list[Any]:
+        limits.append(kwargs.get("limit"))
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(RunProjection, "list_runs", spy)
+    text = ok("--db", seeded_url, "runs", "list", "--all", "--limit", "1")
+    header, *rows, count = text.stdout.splitlines()
+    assert header.split()[:2] == ["ID", "STATE"]
+    assert [row.split()[0] for row in rows] == ["run-a", "run-b", "run-c", "run-d"]
+    # Pages after the first keep the first page's column positions.
+    assert {row.index(row.split()[1]) for row in rows} == {header.index("STATE")}
+    assert count == "4 of 4 runs"
+    assert "more runs follow" not in text.stderr
+    # Never more than a page in memory: every query asked for PAGE_SIZE rows.
+    assert limits
+    assert set(limits) == {2}
+
+    both = invoke("--db", seeded_url, "--json", "runs", "list", "--jsonl")
+    assert_error(both, 2, "--json and --jsonl are exclusive")
+    jsonl = ok("--db", seeded_url, "runs", "list", "--all", "--jsonl").stdout.splitlines()
+    assert [json.loads(line)["id"] for line in jsonl] == ["run-a", "run-b", "run-c", "run-d"]
+    assert all(set(json.loads(line)) == RUN_KEYS for line in jsonl)
+    first = ok("--db", seeded_url, "runs", "list", "--jsonl", "--limit", "2")
+    assert [json.loads(line)["id"] for line in first.stdout.splitlines()] == ["run-a", "run-b"]
+    assert first.stderr.strip() == "more runs follow: --after run-b"
+    assert_error(invoke("--db", seeded_url, "runs", "list", "--all", "--json"), 2, "--jsonl")
+
+
+# Every command that prints JSON, with the arguments it needs (a reading command
+# or a dry run: each prints the same document however often it runs).
+JSON_COMMANDS = {
+    "current": [],
+    "check": [],
+    "history": [],
+    "status": [],
+    "runs list": [],
+    "runs show": ["run-c"],
+    "sweep": ["--older-than", "30d", "--dry-run"],
+    "identity show": [],
+    "identity verify": ["--executor", "goworkflows"],
+}
+
+
+def test_every_json_command_is_listed_here() -> None:
+    takes_json = {
+        path
+        for path, command in commands().items()
+        if any(param.name == "as_json" for param in command.params)
+    }
+    assert takes_json == set(JSON_COMMANDS)
+    assert set(command_paths()) - takes_json == {"init", "upgrade", "downgrade"}
+
+
+@pytest.mark.parametrize("path", sorted(JSON_COMMANDS))
+def test_json_and_db_before_or_after_the_command(seeded_url: str, path: str) -> None:
+    command = [*path.split(), *JSON_COMMANDS[path]]
+    db = [] if path == "history" else ["--db", seeded_url]
+    after = json.loads(ok(*command, *db, "--json").stdout)
+    before = json.loads(ok("--json", *db, *command).stdout)
+    mixed = json.loads(ok("--json", *command, *db).stdout)
+    if path == "sweep":  # the cutoff is "now" minus 30 days: it moves between runs
+        for report in (after, before, mixed):
+            report.pop("cutoff")
+    assert after == before == mixed
+
+
+def test_the_db_after_the_command_wins(seeded_url: str, tmp_path: Path) -> None:
+    listed = json.loads(ok("--json", "runs", "list", "--db", seeded_url).stdout)
+    assert [run["id"] for run in listed["runs"]] == ["run-a", "run-b", "run-c", "run-d"]
+    missing = tmp_path / "missing.db"
+    assert_error(invoke("--db", seeded_url, "current", "--db", str(missing)), 1, "does not exist")
+    assert ok("--db", str(missing), "current", "--db", seeded_url).exit_code == 0
+
+
+@pytest.mark.parametrize("command", [["init"], ["upgrade"], ["downgrade", "0004"]])
+def test_json_before_a_command_without_json_output_is_refused(
+    migrated_url: str, command: list[str]
+) -> None:
+    result = invoke("--json", "--db", migrated_url, *command)
+    assert_error(result, 2, f"`{command[0]}` has no JSON output")
+    assert as_json("--db", migrated_url, "current")["at_head"] is True  # nothing ran
+
+
+def test_upgrade_at_or_below_the_current_revision_exits_1(migrated_url: str) -> None:
+    head = head_revision()
+    assert_error(
+        invoke("--db", migrated_url, "upgrade", "0003"),
+        1,
+        f"is at {head} (head), past 0003_generation_3; `upgrade` never goes back: "
+        "use `relay-flow-projection downgrade 0003_generation_3`",
+    )
+    assert_error(invoke("--db", migrated_url, "upgrade", head), 1, f"already at {head} (head)")
+    assert_error(invoke("--db", migrated_url, "upgrade", "base"), 1, "never goes back")
+    assert "already at" in ok("--db", migrated_url, "upgrade").stdout  # head: a no-op deploy
+    assert as_json("--db", migrated_url, "current")["revision"] == head
+
+
+def test_downgrade_and_history(migrated_url: str) -> None:
+    head = head_revision()
+    step = ok("--db", migrated_url, "downgrade", "0004")
+    assert f"from {head} to 0004_adopt_legacy_rows (not at head" in step.stdout
+    assert as_json("--db", migrated_url, "current")["revision"] == "0004_adopt_legacy_rows"
+    assert_error(
+        invoke("--db", migrated_url, "downgrade", head),
+        1,
+        f"is at 0004_adopt_legacy_rows (not at head {head}), below {head}; "
+        f"`downgrade` only goes back: use `relay-flow-projection upgrade {head}`",
+    )
+    assert_error(
+        invoke("--db", migrated_url, "downgrade", "0004"), 1, "already at 0004_adopt_legacy_rows"
+    )
+    assert_error(invoke("--db", migrated_url, "upgrade", "0004"), 1, "already at 0004")
+    assert_error(invoke("--db", migrated_url, "downgrade"), 2, "REVISION")
+    ok("--db", migrated_url, "downgrade", "base")
+    assert as_json("--db", migrated_url, "current")["revision"] is None
+    assert_error(invoke("--db", migrated_url, "downgrade", "base"), 1, "no revision")
+    ok("--db", migrated_url, "upgrade")
+
+    lines = ok("history").stdout.splitlines()
+    assert lines[0].startswith(f"0004_adopt_legacy_rows -> {head} (head): ")
+    assert lines[-1].startswith("<base> -> 0001_generation_1: ")
+    chain = as_json("history")
+    assert [entry["head"] for entry in chain] == [True] + [False] * (len(chain) - 1)
+    assert chain[-1]["down_revision"] is None
+
+
+def _stamp(target: str, revision: str) -> None:
+    engine = create_engine(target)
+    try:
+        with engine.begin() as connection:
+            connection.execute(
+                sa.text("UPDATE alembic_version SET version_num = :v"), {"v": revision}
+            )
+    finally:
+        engine.dispose()
+
+
+@pytest.mark.parametrize("command", ["status", "current", "check", "runs list"])
+def test_a_newer_releases_revision_says_upgrade_the_package(
+    migrated_url: str, command: str
+) -> None:
+    _stamp(migrated_url, "0099_from_the_future")
+    result = invoke("--db", migrated_url, *command.split())
+    assert_error(result, 1, "0099_from_the_future")
+    assert "upgrade the relay-flow-projection package" in result.stderr
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "postgresql+psycopg://u@localhost/db?port=notaport",
+        "postgresql+psycopg://u@localhost:notaport/db",
+    ],
+)
+def test_a_malformed_url_says_which_part_is_wrong(url: str, tmp_path: Path) -> None:
+    for command in (["current"], ["init"], ["upgrade"], ["status"], ["check"]):
+        assert_error(invoke("--db", url, *command), 2, "the port must be a number")
+    several = "postgresql+psycopg://u@h1,h2/db?port=5432,notaport"
+    assert_error(invoke("--db", several, "current"), 2, "got 'notaport' in ?port=")
+
+
+def test_a_url_sqlalchemy_refuses_is_bad_input_in_its_words() -> None:
+    mixed = "postgresql+psycopg://u@localhost/db?host=h1&host=h2&port=5432"
+    assert_error(invoke("--db", mixed, "current"), 2, "invalid database URL: Can't mix")
+
+
+def test_a_missing_driver_names_the_extra(tmp_path: Path) -> None:
+    code = (
+        "import sys; sys.modules['psycopg'] = None\n"
+        "from relay_flow_projection.cli import main; main()\n"
+    )
+    for command in (["current"], ["init"], ["status"]):
+        result = subprocess.run(
+            [sys.executable, "-c", code, "--db", "postgresql://postgres@127.0.0.1/x", *command],
+            capture_output=True, text=True, env=process_env(), cwd=tmp_path, check=False,
+        )  # fmt: skip
+        assert result.returncode == 1, result.stderr
+        (line,) = result.stderr.splitlines()
+        assert line.startswith(ERROR_PREFIX)
+        assert 'install it with pip install "relay-flow-projection[postgresql]"' in line
+
+
+def test_an_unreachable_server_is_one_line_exit_1() -> None:
+    result = invoke("--db", "postgresql+psycopg://postgres@127.0.0.1:1/nothing", "current")
+    assert_error(result, 1, "unavailable")
+
+
+def test_cli_constants_match_the_library() -> None:
+    from relay_flow_projection import engine, migration_env
+    from relay_flow_projection.cli import options
+
+    assert options.DEFAULT_URL == engine.DEFAULT_URL
+    assert options.URL_ENVIRONMENT_VARIABLE == migration_env.URL_ENVIRONMENT_VARIABLE
+
+
+READ_ONLY_SCRIPT = """
+set -e
+mount --bind "$1" "$2"
+mount -o remount,bind,ro "$2"
+shift 2
+exec "$@"
+"""
+
+
+def _on_read_only_mount(directory: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """Run the CLI with *directory* mounted read-only (a private mount namespace, so
+    even root cannot write; the mount vanishes with the process)."""
+    view = directory.parent / "read-only-view"
+    view.mkdir(exist_ok=True)
+    command = ["unshare", "-m", "sh", "-c", READ_ONLY_SCRIPT, "sh", str(directory), str(view)]
+    return subprocess.run(
+        [*command, sys.executable, "-m", "relay_flow_projection", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        env={**process_env(), "RELAY_FLOW_VIEW": str(view)},
+    )
+
+
+@pytest.mark.sqlite_only
+def test_reading_commands_work_on_a_read_only_database(tmp_path: Path) -> None:
+    directory = tmp_path / "data"
+    directory.mkdir()
+    database = directory / "relay.db"
+    init_database(str(database))
+    seed(str(database))
+    probe = _on_read_only_mount(directory, "--help")
+    if probe.returncode != 0:
+        pytest.skip(f"cannot mount read-only here (needs CAP_SYS_ADMIN): {probe.stderr.strip()}")
+    view = tmp_path / "read-only-view" / "relay.db"
+    for command in (["status"], ["current"], ["check"], ["runs", "list"], ["identity", "show"]):
+        result = _on_read_only_mount(directory, "--db", str(view), *command)
+        assert result.returncode == 0, (command, result.stderr)
+    listed = _on_read_only_mount(directory, "--db", str(view), "--json", "runs", "list")
+    assert [run["id"] for run in json.loads(listed.stdout)["runs"]] == [
+        "run-a", "run-b", "run-c", "run-d",
+    ]  # fmt: skip
+    for command in (["sweep", "--older-than", "1d"], ["downgrade", "0004"]):
+        result = _on_read_only_mount(directory, "--db", str(view), *command)
+        assert result.returncode == 1, result.stdout
+        assert "the database is read-only" in result.stderr, result.stderr
+        assert len(result.stderr.splitlines()) == 1
+    assert sorted(p.name for p in directory.iterdir()) == ["relay.db"]

@@ -220,3 +220,38 @@ def test_bad_lock_timeout_is_refused(value: str, sqlite_path: Path, tmp_path: Pa
     assert f"{LOCK_TIMEOUT_ENVIRONMENT_VARIABLE} must be a positive number" in result.stdout
     with pytest.raises(ProjectionError, match="lock_timeout must be a positive number"):
         run_upgrade(sqlite_path, lock_timeout=0)
+
+
+HOLD_AND_WAIT = """
+import sys, time
+from sqlalchemy.pool import NullPool
+from relay_flow_projection.engine import build_engine, resolve_target
+from relay_flow_projection.migration_env import migration_lock
+engine = build_engine(resolve_target(sys.argv[1]), foreign_keys=False, poolclass=NullPool)
+with migration_lock(engine, 5.0, "killed holder"):
+    print("held", flush=True)
+    time.sleep(300)
+"""
+
+
+@pytest.mark.sqlite_only
+def test_a_lock_file_left_by_a_killed_upgrader_is_harmless(sqlite_path: Path) -> None:
+    """SIGKILL leaves <db>.migrate-lock behind, but the flock went with the process:
+    the next upgrade takes it at once and removes the file."""
+    with subprocess.Popen(
+        [sys.executable, "-c", HOLD_AND_WAIT, str(sqlite_path)],
+        stdout=subprocess.PIPE,
+        text=True,
+    ) as holder:
+        try:
+            assert holder.stdout is not None
+            assert holder.stdout.readline() == "held\n"
+        finally:
+            holder.kill()
+    lock_file = Path(f"{sqlite_path}.migrate-lock")
+    assert lock_file.exists()
+
+    run_upgrade(sqlite_path, lock_timeout=1)  # DatabaseBusy if the lock were still held
+
+    assert _versions(str(sqlite_path)) == [head_revision()]
+    assert not lock_file.exists()

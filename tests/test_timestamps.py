@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from datetime import UTC, datetime, timedelta, timezone
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta, timezone, tzinfo
 
 import pytest
 import sqlalchemy as sa
@@ -22,6 +23,7 @@ from relay_flow_projection import (
     create_engine,
     upgrade,
 )
+from relay_flow_projection.timestamps import require_aware
 
 Rows = Callable[[str], list[tuple[object, ...]]]
 ALL_TABLES = (
@@ -344,3 +346,73 @@ def test_postgresql_sessions_run_in_utc_whatever_the_url_asks(postgres_url: str)
         assert projection.count_sweepable(when + timedelta(microseconds=1)) == 1
     finally:
         engine.dispose()
+
+
+# ------------------------------------------------------------ datetime subclasses ---
+
+
+class OwnText(datetime):
+    """A subclass with its own text (as pendulum/arrow-like types have)."""
+
+    def isoformat(self, sep: str = "T", timespec: str = "auto") -> str:
+        return "around " + datetime.isoformat(self, sep, timespec)
+
+
+class IgnoresZones(OwnText):
+    """A subclass whose astimezone() answers in its own zone, whatever is asked."""
+
+    def astimezone(self, tz: tzinfo | None = None) -> IgnoresZones:
+        return self
+
+
+def as_subclass(kind: type[datetime], value: datetime) -> datetime:
+    return kind(
+        value.year, value.month, value.day, value.hour, value.minute, value.second,
+        value.microsecond, tzinfo=value.tzinfo,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("kind", [OwnText, IgnoresZones])
+@pytest.mark.parametrize("zone", [UTC, IST, NEW_YORK_WINTER], ids=["utc", "ist", "new-york"])
+def test_require_aware_returns_a_plain_utc_datetime(kind: type[datetime], zone: tzinfo) -> None:
+    value = as_subclass(kind, T0.astimezone(zone))
+    utc = require_aware(value, "now")
+    assert type(utc) is datetime
+    assert utc.tzinfo is UTC
+    assert utc == T0
+    assert utc.isoformat(sep=" ") == "2026-02-01 08:30:00.654321+00:00"
+
+
+@pytest.mark.parametrize("kind", [OwnText, IgnoresZones])
+def test_subclass_timestamps_are_stored_canonically(
+    projection: RunProjection, engine: Engine, kind: type[datetime]
+) -> None:
+    """Stored as plain UTC, so listing, ordering and cutoffs work as for any datetime.
+
+    SQLite used to store the subclass's own text: every later listing raised."""
+    stamps = {"c": T0 + timedelta(hours=1), "a": T0 - timedelta(hours=1), "b": T0}
+    zones = {"c": NEW_YORK_WINTER, "a": IST, "b": UTC}
+    for run_id, when in stamps.items():
+        local = as_subclass(kind, when.astimezone(zones[run_id]))
+        projection.insert_start(start(run_id, ticket_key=run_id), local)
+        projection.update_state(run_id, RunState.COMPLETED, finished_at=local)
+
+    assert [run.id for run in projection.list_runs()] == ["a", "b", "c"]
+    assert [run.id for run in projection.iter_runs(batch_size=1)] == ["a", "b", "c"]
+    for run_id, when in stamps.items():
+        run = projection.get_run(run_id)
+        assert (run.started_at, run.finished_at) == (when, when)
+    cursor = as_subclass(kind, T0.astimezone(IST))
+    after = replace(projection.get_run("b"), started_at=cursor)
+    assert [run.id for run in projection.list_runs(after=after)] == ["c"]
+    assert projection.count_sweepable(as_subclass(kind, T0.astimezone(NEW_YORK_WINTER))) == 1
+    if engine.dialect.name == "sqlite":
+        with engine.connect() as connection:
+            texts = connection.exec_driver_sql(
+                "SELECT started_at, finished_at FROM relay_runs ORDER BY id"
+            ).all()
+        assert texts == [
+            ("2026-02-01 07:30:00.654321+00:00",) * 2,
+            ("2026-02-01 08:30:00.654321+00:00",) * 2,
+            ("2026-02-01 09:30:00.654321+00:00",) * 2,
+        ]

@@ -196,11 +196,94 @@ def test_two_line_ini_upgrades_checks_and_downgrades(
     for script in MIGRATION_SCRIPTS:
         assert script.removesuffix(".py") in history
 
+    _alembic(venv_python, deploy, "downgrade", "-1", url=url)
+    assert _versions(url) == [MIGRATION_SCRIPTS[-2].removesuffix(".py")]
+    behind = _alembic(venv_python, deploy, "check", url=url, ok=False)
+    assert "Target database is not up to date" in behind
     _alembic(venv_python, deploy, "downgrade", "base", url=url)
     assert _versions(url) == []
     assert _relay_tables(url) == set()
     _alembic(venv_python, deploy, "upgrade", "head", url=url)
     assert _versions(url) == [head_revision()]
+    assert "No new upgrade operations detected" in _alembic(venv_python, deploy, "check", url=url)
+    # Only the database was written: no lock file or anything else stays behind (SQLite
+    # in WAL mode may keep its -wal and -shm files beside the database: they are its own).
+    left = {p.name for p in deploy.iterdir()} - {"projection.db-wal", "projection.db-shm"}
+    assert left == ({"alembic.ini", "projection.db"} if backend == "sqlite" else {"alembic.ini"})
+
+
+def _stamp(url: str, revision: str) -> None:
+    engine = sa.create_engine(
+        resolve_target(url).url.render_as_string(hide_password=False), poolclass=NullPool
+    )
+    try:
+        with engine.begin() as connection:
+            connection.execute(
+                sa.text("UPDATE alembic_version SET version_num = :v"), {"v": revision}
+            )
+    finally:
+        engine.dispose()
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
+def test_deployer_errors_from_the_installed_alembic_are_one_line(
+    venv_python: Path, tmp_path: Path, request: pytest.FixtureRequest, backend: str
+) -> None:
+    deploy = tmp_path / "deploy"
+    deploy.mkdir()
+    (deploy / "alembic.ini").write_text(TWO_LINE_INI)
+    url = (
+        f"sqlite:///{deploy / 'projection.db'}"
+        if backend == "sqlite"
+        else str(request.getfixturevalue("postgres_url"))
+    )
+    _alembic(venv_python, deploy, "upgrade", "head", url=url)
+    _stamp(url, "0099_from_a_newer_release")
+    for command in (["current"], ["check"], ["upgrade", "head"]):
+        said = _alembic(venv_python, deploy, *command, url=url, ok=False)
+        (line,) = said.strip().splitlines()
+        assert "0099_from_a_newer_release" in line
+        assert "upgrade the relay-flow-projection package" in line
+
+    for bad, fragment in [
+        ("postgresql+psycopg://u@localhost/db?port=notaport", "the port must be a number"),
+        ("postgresql+psycopg://u@localhost:notaport/db", "the port must be a number"),
+        ("nosuchdialect://x/y", "invalid database URL"),
+    ]:
+        (line,) = _alembic(venv_python, deploy, "current", url=bad, ok=False).strip().splitlines()
+        assert fragment in line, line
+
+
+def test_a_missing_driver_names_the_extra_from_the_installed_alembic(
+    venv_python: Path, tmp_path: Path
+) -> None:
+    deploy = tmp_path / "deploy"
+    deploy.mkdir()
+    (deploy / "alembic.ini").write_text(TWO_LINE_INI)
+    # As if the wheel were installed without its [postgresql] extra.
+    code = "import sys; sys.modules['psycopg'] = None; from alembic.config import main; main()"
+    env = {k: v for k, v in os.environ.items() if k not in {"PYTHONPATH", "VIRTUAL_ENV"}}
+    for command in (["current"], ["upgrade", "head"]):
+        result = subprocess.run(
+            [str(venv_python), "-c", code, "-x", "url=postgresql://u@127.0.0.1/x", *command],
+            cwd=deploy, env=env, capture_output=True, text=True, timeout=300, check=False,
+        )  # fmt: skip
+        assert result.returncode != 0
+        said = result.stdout + result.stderr
+        assert "Traceback" not in said
+        (line,) = said.strip().splitlines()
+        assert 'pip install "relay-flow-projection[postgresql]"' in line
+
+
+def test_the_installed_console_script_runs_without_a_checkout(
+    venv_python: Path, tmp_path: Path
+) -> None:
+    script = str(venv_python.parent / "relay-flow-projection")
+    _run([script, "--help"], tmp_path)
+    _run([script, "--db", "projection.db", "init"], tmp_path)
+    current = _run([script, "--db", "projection.db", "current"], tmp_path).stdout
+    assert current == f"projection.db: {head_revision()} (head)\n"
+    assert head_revision() in _run([script, "history"], tmp_path).stdout
 
 
 def test_command_line_url_wins_over_the_environment(venv_python: Path, tmp_path: Path) -> None:

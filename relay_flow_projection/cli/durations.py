@@ -1,4 +1,4 @@
-"""Durations on the command line: ``30d``, ``12h``, ``90m``."""
+"""Durations on the command line: ``4w``, ``30d``, ``12h``, ``90m``."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from datetime import datetime, timedelta
 
 import click
 
-_UNITS = {"d": "days", "h": "hours", "m": "minutes"}
-_PATTERN = re.compile(r"(\d+)([dhm])")
+_UNITS = {"w": "weeks", "d": "days", "h": "hours", "m": "minutes"}
+_PATTERN = re.compile(r"(\d+)([wdhm])")
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,10 +26,12 @@ class Duration:
 
 
 def parse_duration(text: str) -> Duration:
-    """``<positive integer><d|h|m>``; ValueError for anything else."""
+    """``<positive integer><w|d|h|m>``; ValueError for anything else."""
     match = _PATTERN.fullmatch(text.strip().lower())
     if match is None:
-        raise ValueError(f"{text!r} is not a duration: use a number and d, h or m (30d, 12h, 90m)")
+        raise ValueError(
+            f"{text!r} is not a duration: use a number and w, d, h or m (4w, 30d, 12h, 90m)"
+        )
     amount = int(match.group(1))
     if amount == 0:
         raise ValueError(f"{text!r} is not a positive duration")

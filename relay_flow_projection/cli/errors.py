@@ -1,7 +1,11 @@
 """Errors as one line on stderr, and the exit codes of the command line.
 
-0 ok; 1 not found, mismatch, not at head or another database failure;
-2 usage or bad input. No traceback reaches the operator.
+0 ok; 1 not found, mismatch, not at head or another database failure
+(DatabaseUnavailable, DatabaseBusy included); 2 usage or bad input; 130
+interrupted (Ctrl-C). No traceback reaches the operator. Driver errors are
+mapped by the package's one translator (execution.translate_error), by type
+and error code, never by their text. SQLAlchemy is imported only when an
+error needs it: ``--help`` must start fast.
 """
 
 from __future__ import annotations
@@ -11,24 +15,11 @@ from contextlib import contextmanager
 from typing import IO, Any
 
 import click
-from sqlalchemy.exc import ArgumentError, DBAPIError, NoSuchModuleError, SQLAlchemyError
-
-from ..errors import InvalidIdentity, NotAProjectionDatabase, ProjectionError
 
 PROG_NAME = "relay-flow-projection"
 EXIT_FAILURE = 1
 EXIT_USAGE = 2
-
-# Bad input: the operator gave something that can never work as given.
-_BAD_INPUT = (
-    InvalidIdentity,
-    NotAProjectionDatabase,
-    ValueError,
-    ArgumentError,
-    NoSuchModuleError,
-    NotImplementedError,
-    ImportError,
-)
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, what a shell reports for a command Ctrl-C ended
 
 
 def one_line(message: str) -> str:
@@ -54,22 +45,50 @@ class BadInput(CliError):
     exit_code = EXIT_USAGE
 
 
-def cli_error(message: str, exit_code: int) -> CliError:
-    return BadInput(message) if exit_code == EXIT_USAGE else CliError(message)
+def _bad_input() -> tuple[type[BaseException], ...]:
+    """Bad input: the operator gave something that can never work as given."""
+    from ..errors import InvalidIdentity, NotAProjectionDatabase
+
+    # ValueError: a value the operator typed (InvalidIdentity is one too);
+    # NotImplementedError: a database other than SQLite or PostgreSQL.
+    return (InvalidIdentity, NotAProjectionDatabase, ValueError, NotImplementedError)
 
 
 def exit_code_for(exc: BaseException) -> int:
-    if isinstance(exc, _BAD_INPUT):
-        return EXIT_USAGE
-    return EXIT_FAILURE
+    if isinstance(exc, click.ClickException):
+        return exc.exit_code
+    return EXIT_USAGE if isinstance(exc, _bad_input()) else EXIT_FAILURE
+
+
+def translate(exc: BaseException, subject: str) -> BaseException:
+    """The error to show for *exc*, raised while *subject*.
+
+    Driver and SQLAlchemy errors go through execution.translate_error (the
+    package's one translator); a URL SQLAlchemy refuses is bad input naming
+    the part that is wrong (migration_env.url_error). Everything else, the
+    package's own errors included, is shown as it is.
+    """
+    import sqlite3
+
+    from sqlalchemy.exc import ArgumentError, SQLAlchemyError
+
+    if isinstance(exc, ArgumentError):
+        from ..migration_env import url_error
+
+        return BadInput(str(url_error(exc)))
+    if isinstance(exc, SQLAlchemyError | sqlite3.Error):
+        from ..execution import translate_error
+
+        return translate_error(exc, subject)
+    return exc
 
 
 def _message(exc: BaseException) -> str:
-    if isinstance(exc, DBAPIError):
-        return f"database error: {exc.orig}"
-    if isinstance(exc, ProjectionError | ValueError | click.ClickException):
-        return str(exc.format_message() if isinstance(exc, click.ClickException) else exc)
-    if isinstance(exc, SQLAlchemyError | OSError | NotImplementedError | ImportError):
+    if isinstance(exc, click.ClickException):
+        return exc.format_message()
+    from ..errors import ProjectionError
+
+    if isinstance(exc, ProjectionError | ValueError | OSError | NotImplementedError):
         return str(exc)
     return f"unexpected {type(exc).__name__}: {exc}"
 
@@ -83,7 +102,19 @@ def one_line_errors() -> Iterator[None]:
         raise
     except click.exceptions.NoArgsIsHelpError:
         raise  # shows the help text, which is what the operator asked for
+    except BrokenPipeError:
+        raise  # `... | head`: click's main() ends quietly, as other commands do
+    except KeyboardInterrupt:
+        # Ctrl-C: one line and 130, not click's "Aborted!" with exit code 1.
+        click.echo(f"{PROG_NAME}: interrupted", err=True)
+        raise click.exceptions.Exit(EXIT_INTERRUPTED) from None
     except click.ClickException as exc:
-        raise cli_error(_message(exc), exc.exit_code) from exc
+        raise _shown(exc) from exc
     except Exception as exc:
-        raise cli_error(_message(exc), exit_code_for(exc)) from exc
+        error = translate(exc, "database error")
+        raise _shown(error) from error
+
+
+def _shown(error: BaseException) -> CliError:
+    message = _message(error)
+    return BadInput(message) if exit_code_for(error) == EXIT_USAGE else CliError(message)

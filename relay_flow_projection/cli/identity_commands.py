@@ -7,6 +7,7 @@ import click
 from ..errors import IdentityMismatch, IdentityMissing
 from ..identity import EXECUTOR_PLUGINS, validate_identity
 from ..models import ExecutorIdentity
+from ..operations import require_same_identity
 from .access import projection_at_head
 from .jsonview import echo_json, identity_json
 from .options import Settings, db_option, json_option, pass_settings
@@ -24,7 +25,7 @@ def identity() -> None:
 @pass_settings
 def show_identity(settings: Settings, as_json: bool) -> None:
     """Show the persisted executor identity, if any."""
-    with projection_at_head(settings.target) as projection:
+    with projection_at_head(settings.target, read_only=True) as projection:
         persisted = projection.identity()
     if as_json:
         echo_json({"identity": identity_json(persisted)})
@@ -54,7 +55,7 @@ def verify_identity(
     """
     configured = ExecutorIdentity(executor, temporal_address, temporal_namespace)
     validate_identity(configured)
-    with projection_at_head(settings.target) as projection:
+    with projection_at_head(settings.target, read_only=True) as projection:
         persisted = projection.identity()
     problem: IdentityMismatch | IdentityMissing | None = None
     if persisted is None and executor != "goworkflows":
@@ -62,11 +63,11 @@ def verify_identity(
             "the database has no executor identity marker; a temporal installation needs "
             "one: run `relay-flow-projection init --executor temporal ...`"
         )
-    elif persisted is not None and persisted != configured:
-        problem = IdentityMismatch(
-            f"executor identity mismatch: configured {identity_text(configured)}, "
-            f"database belongs to {identity_text(persisted)}"
-        )
+    elif persisted is not None:
+        try:
+            require_same_identity(configured, persisted)  # the library's own wording
+        except IdentityMismatch as exc:
+            problem = exc
     if as_json:
         echo_json(
             {

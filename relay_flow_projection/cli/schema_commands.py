@@ -1,22 +1,24 @@
-"""Schema commands: ``init``, ``upgrade``, ``current``, ``check``."""
+"""Schema commands: ``upgrade``, ``downgrade``, ``current``, ``history``, ``check``.
+
+Importing this module loads neither SQLAlchemy nor Alembic (``current`` on a
+SQLite file answers without them: start-up time); the commands import what
+they need when they run.
+"""
 
 from __future__ import annotations
 
 import re
+from typing import TYPE_CHECKING
 
 import click
-from alembic.util import CommandError
 
-from .. import migrate
-from ..database import init_database, init_database_with_identity
-from ..database import upgrade as upgrade_database
-from ..identity import EXECUTOR_PLUGINS
-from ..models import ExecutorIdentity
-from .access import Revision, out_of_date, read_revision, schema_drift
-from .errors import CliError
+from .access import Revision, out_of_date, read_revision, read_revision_quickly, schema_drift
+from .errors import CliError, translate
 from .jsonview import echo_json
 from .options import Settings, db_option, json_option, pass_settings
-from .textview import identity_text
+
+if TYPE_CHECKING:
+    from alembic.script import ScriptDirectory
 
 
 def revision_text(revision: Revision) -> str:
@@ -27,63 +29,36 @@ def revision_text(revision: Revision) -> str:
     return f"{revision.current} (not at head {revision.head})"
 
 
-def identity_options(f: click.decorators.FC) -> click.decorators.FC:
-    """``--executor`` and its Temporal settings, as relay-flow's configuration names them."""
-    for option in reversed(
-        (
-            click.option(
-                "--executor",
-                type=click.Choice(EXECUTOR_PLUGINS),
-                help="Executor plugin of the relay-flow installation.",
-            ),
-            click.option("--temporal-address", default="", metavar="ADDRESS", help="host:port"),
-            click.option("--temporal-namespace", default="", metavar="NAMESPACE"),
-        )
-    ):
-        f = option(f)
-    return f
+def _script() -> ScriptDirectory:
+    from .. import migrate
+
+    return migrate.script_directory()
 
 
-def identity_from_options(
-    executor: str | None, temporal_address: str, temporal_namespace: str
-) -> ExecutorIdentity | None:
-    if executor is None:
-        if temporal_address or temporal_namespace:
-            raise click.UsageError("--temporal-address/--temporal-namespace need --executor")
+def _resolve_revision(script: ScriptDirectory, revision: str) -> str | None:
+    """The revision id REVISION names (None for ``base``); relative steps are left to Alembic."""
+    from alembic.util import CommandError
+
+    if revision == "base":
         return None
-    return ExecutorIdentity(executor, temporal_address, temporal_namespace)
-
-
-@click.command()
-@identity_options
-@db_option
-@pass_settings
-def init(
-    settings: Settings, executor: str | None, temporal_address: str, temporal_namespace: str
-) -> None:
-    """Create the database if needed and upgrade it to head.
-
-    With --executor, also write the executor identity marker (or verify the
-    one already there).
-    """
-    identity = identity_from_options(executor, temporal_address, temporal_namespace)
-    if identity is None:
-        init_database(settings.target)
-    else:
-        init_database_with_identity(settings.target, identity)
-    revision = read_revision(settings.target)
-    click.echo(f"initialized {revision.database} at revision {revision_text(revision)}")
-    if identity is not None:
-        click.echo(f"executor identity: {identity_text(identity)}")
-
-
-def _check_revision_argument(revision: str) -> None:
-    if re.search(r"[+-]\d", revision):
-        return  # relative steps ("+1") are resolved against the database by Alembic
     try:
-        migrate.script_directory().get_revisions(revision)
+        found = script.get_revisions(revision)
     except CommandError as exc:
         raise click.BadParameter(str(exc), param_hint="REVISION") from None
+    if len(found) != 1 or found[0] is None:
+        raise click.BadParameter(f"{revision!r} names no single revision", param_hint="REVISION")
+    return found[0].revision
+
+
+def _ancestry(script: ScriptDirectory, revision: str | None) -> list[str]:
+    """*revision* and every revision below it, newest first (empty for none/base)."""
+    if revision is None:
+        return []
+    return [r.revision for r in script.iterate_revisions(revision, "base")]
+
+
+def _relative(revision: str) -> bool:
+    return re.search(r"[+-]\d", revision) is not None  # "+1", "-2", "head-1": Alembic resolves
 
 
 @click.command()
@@ -91,17 +66,98 @@ def _check_revision_argument(revision: str) -> None:
 @db_option
 @pass_settings
 def upgrade(settings: Settings, revision: str) -> None:
-    """Upgrade the database to REVISION (default: head), creating it if needed."""
-    _check_revision_argument(revision)
+    """Upgrade the database to REVISION (default: head), creating it if needed.
+
+    Already at head, `upgrade` (to head) succeeds and changes nothing; an
+    explicit REVISION at or below the current one exits 1 (use `downgrade`).
+    """
+    from ..database import upgrade as upgrade_database
+
+    script = _script()
+    wanted = None if _relative(revision) else _resolve_revision(script, revision)
     before = read_revision(settings.target, missing_ok=True)
+    if revision == "base":
+        raise CliError(
+            f"{before.database} is at {revision_text(before)}; `upgrade` never goes back: "
+            "use `relay-flow-projection downgrade base`"
+        )
+    if wanted is not None and wanted in _ancestry(script, before.current):
+        if revision in {"head", "heads"}:
+            click.echo(f"{before.database} is already at {revision_text(before)}")
+            return
+        if wanted == before.current:
+            raise CliError(f"{before.database} is already at {revision_text(before)}")
+        raise CliError(
+            f"{before.database} is at {revision_text(before)}, past {wanted}; "
+            f"`upgrade` never goes back: use `relay-flow-projection downgrade {wanted}`"
+        )
     upgrade_database(settings.target, revision)
     after = read_revision(settings.target)
-    if before.current == after.current:
-        click.echo(f"{after.database} is already at {revision_text(after)}")
-    else:
-        click.echo(
-            f"upgraded {after.database} from {before.current or '(none)'} to {revision_text(after)}"
+    click.echo(
+        f"upgraded {after.database} from {before.current or '(none)'} to {revision_text(after)}"
+    )
+
+
+@click.command()
+@click.argument("revision")
+@db_option
+@pass_settings
+def downgrade(settings: Settings, revision: str) -> None:
+    """Downgrade the database to REVISION (a revision id, `base`, or `-1`).
+
+    Undoes the revisions above REVISION, dropping what they added: back up
+    the database first. A REVISION at or above the current one exits 1.
+    """
+    from .. import migrate
+
+    script = _script()
+    before = read_revision(settings.target)
+    if before.current is None:
+        raise CliError(f"{before.database} has no revision to downgrade from")
+    if not _relative(revision):
+        wanted = _resolve_revision(script, revision)
+        below = _ancestry(script, before.current)[1:]
+        if wanted == before.current:
+            raise CliError(f"{before.database} is already at {revision_text(before)}")
+        if wanted is not None and wanted not in below:
+            raise CliError(
+                f"{before.database} is at {revision_text(before)}, below {wanted}; "
+                f"`downgrade` only goes back: use `relay-flow-projection upgrade {wanted}`"
+            )
+    try:
+        migrate.run_downgrade(settings.target, revision)
+    except Exception as exc:
+        error = translate(exc, f"downgrading {before.database} to {revision}")
+        if error is exc:
+            raise
+        raise error from exc
+    after = read_revision(settings.target)
+    click.echo(f"downgraded {after.database} from {before.current} to {revision_text(after)}")
+
+
+@click.command()
+@json_option
+def history(as_json: bool) -> None:
+    """The migration chain of this release, newest first. Reads no database."""
+    script = _script()
+    head = script.get_current_head()
+    revisions = list(script.walk_revisions())
+    if as_json:
+        echo_json(
+            [
+                {
+                    "revision": r.revision,
+                    "down_revision": r.down_revision,
+                    "head": r.revision == head,
+                    "message": r.doc,
+                }
+                for r in revisions
+            ]
         )
+        return
+    for r in revisions:
+        mark = " (head)" if r.revision == head else ""
+        click.echo(f"{r.down_revision or '<base>'} -> {r.revision}{mark}: {r.doc}")
 
 
 def revision_json(revision: Revision) -> dict[str, object]:
@@ -118,8 +174,8 @@ def revision_json(revision: Revision) -> dict[str, object]:
 @json_option
 @pass_settings
 def current(settings: Settings, as_json: bool) -> None:
-    """Show the database's revision and whether it is the head."""
-    revision = read_revision(settings.target)
+    """Show the database's revision and whether it is the head. Reads only."""
+    revision = read_revision_quickly(settings.target)
     if as_json:
         echo_json(revision_json(revision))
     else:

@@ -41,14 +41,13 @@ def key_values(pairs: Sequence[tuple[str, object]]) -> str:
 
 
 def identity_text(identity: ExecutorIdentity | None) -> str:
+    """The identity as the library's messages write it (operations.describe_identity):
+    ``temporal (address 'temporal:7233', namespace 'prod')``, ``goworkflows``."""
     if identity is None:
         return "none (no executor identity marker)"
-    if identity.executor_plugin == "temporal":
-        return (
-            f"temporal (address {identity.temporal_address}, "
-            f"namespace {identity.temporal_namespace})"
-        )
-    return identity.executor_plugin
+    from ..operations import describe_identity
+
+    return describe_identity(identity)
 
 
 def run_line(run: Run) -> str:

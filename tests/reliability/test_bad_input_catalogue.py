@@ -11,9 +11,11 @@ Each entry is one wrong call and what must happen:
 - ``Stored``: hostile but legal text (SQL injection, 1 MB of free text,
   extreme timestamps) is stored and read back verbatim.
 
-Categories: naive and far-out-of-range datetimes, unknown states, empty ids,
-huge strings, NUL bytes and SQL-injection text in every text argument,
-negative or mistyped numbers, and bad targets (a directory, an unwritable
+Categories: naive and far-out-of-range datetimes, ``datetime`` subclasses with
+their own ``isoformat`` (stored canonically), unknown states, empty ids, huge
+strings, NUL bytes, lone surrogates and SQL-injection text in every text
+argument, mistyped ``RunFilter`` fields and keyset cursors, negative or mistyped
+numbers, and bad targets (a directory, an unwritable
 path, a file that is not a database, a truncated database, a database
 written by a newer release). The seeded database is reset before each entry.
 """
@@ -24,7 +26,7 @@ import os
 import re
 import sqlite3
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any, cast
@@ -44,6 +46,7 @@ from relay_flow_projection import (
     NotAProjectionDatabase,
     ProjectionError,
     RetryStatus,
+    Run,
     RunFilter,
     RunNotFound,
     RunProjection,
@@ -62,12 +65,34 @@ T0 = datetime(2026, 2, 1, 8, 30, 0, 654321, tzinfo=UTC)
 NUL = "bad\x00value"
 INJECTION = "x'); DROP TABLE relay_runs; --"
 HUGE = "ü" * 500_000  # 1 MB of UTF-8
+LONE_SURROGATE = "bad\ud800value"  # no UTF-8 form: what a badly decoded byte string leaves
 NAIVE = datetime(2026, 2, 1, 8, 30)
 TOO_EARLY = datetime(1, 1, 1, tzinfo=timezone(timedelta(hours=5)))  # before year 1 in UTC
 TOO_LATE = datetime(9999, 12, 31, 23, tzinfo=timezone(-timedelta(hours=5)))  # after 9999
 EARLIEST = datetime.min.replace(tzinfo=UTC)
 LATEST = datetime.max.replace(tzinfo=UTC)
 BOTH = ("sqlite", "postgresql")
+
+
+class OwnText(datetime):
+    """A datetime subclass with its own text, as pendulum/arrow-like types have.
+
+    SQLite stores ``isoformat()`` text, so this text, if it reached the
+    database, would break ordering and every later read of the row.
+    """
+
+    def isoformat(self, sep: str = "T", timespec: str = "auto") -> str:
+        return f"the instant {datetime.isoformat(self, sep, timespec)}"
+
+
+def own_text(value: datetime) -> OwnText:
+    return OwnText(
+        value.year, value.month, value.day, value.hour, value.minute, value.second,
+        value.microsecond, tzinfo=value.tzinfo,
+    )  # fmt: skip
+
+
+IST = timezone(timedelta(hours=5, minutes=30))
 P = RunProjection
 
 
@@ -378,6 +403,12 @@ READS = [
     TextArgument("list_runs", "workflow", lambda p, v: p.list_runs(RunFilter(workflow=v)), True),
     TextArgument("list_runs", "ticket", lambda p, v: p.list_runs(RunFilter(ticket=v)), True),
     TextArgument("iter_runs", "repo", lambda p, v: list(p.iter_runs(RunFilter(repo=v))), True),
+    TextArgument(
+        "iter_runs", "workflow", lambda p, v: list(p.iter_runs(RunFilter(workflow=v))), True
+    ),
+    TextArgument("iter_runs", "ticket", lambda p, v: list(p.iter_runs(RunFilter(ticket=v))), True),
+    TextArgument("count_runs", "repo", lambda p, v: p.count_runs(RunFilter(repo=v)), True),
+    TextArgument("count_runs", "workflow", lambda p, v: p.count_runs(RunFilter(workflow=v)), True),
     TextArgument("count_runs", "ticket", lambda p, v: p.count_runs(RunFilter(ticket=v)), True),
     TextArgument("has_active_workflow", "workflow", lambda p, v: p.has_active_workflow(v), True),
     TextArgument("has_active_repo", "repo", lambda p, v: p.has_active_repo(v), True),
@@ -433,6 +464,8 @@ def _text_entries() -> Iterator[Entry]:
         yield Entry(
             "NUL byte", label, call, Refused(ValueError, rf"^{argument.name} .*NUL"), payload=NUL
         )
+        surrogate = Refused(ValueError, rf"^{argument.name} .*lone surrogate at index 3")
+        yield Entry("lone surrogate", label, call, surrogate, payload=LONE_SURROGATE)
         if argument.stored is not None:
             verbatim = Stored(argument.stored)
             yield Entry(
@@ -479,7 +512,7 @@ def _identity_entries() -> Iterator[Entry]:
         return Stored(lambda ctx, _: ctx.projection.identity() == identity)
 
     bad = {
-        "plugin-NUL": (ExecutorIdentity("temporal\x00", "host:7233", "ns"), "executor plugin"),
+        "plugin-NUL": (ExecutorIdentity("temporal\x00", "host:7233", "ns"), "executor_plugin"),
         "plugin-unknown": (ExecutorIdentity("zeebe"), "unknown executor plugin"),
         "plugin-injection": (ExecutorIdentity(INJECTION), "unknown executor plugin"),
         "plugin-huge": (ExecutorIdentity(HUGE), "unknown executor plugin"),
@@ -632,6 +665,172 @@ def _value_entries() -> Iterator[Entry]:
         yield Entry("number", label, p(call), Refused(error, message))
 
 
+# ------------------------------------------- datetime subclasses (canonical) ---
+
+CANONICAL_T0 = "2026-02-01 08:30:00.654321+00:00"  # the SQLite layout (timestamps.py)
+
+
+def _stored_text(ctx: Ctx, column: str, run_id: str) -> Any:
+    with ctx.engine.connect() as connection:
+        return connection.exec_driver_sql(
+            f"SELECT {column} FROM relay_runs WHERE id = '{run_id}'"  # fixed names only
+        ).scalar_one()
+
+
+def _canonically(column: str, run_id: str, read: Callable[[Run], Any]) -> Stored:
+    """Read back equal to T0 as a plain datetime, in SQLite's layout, and every listing works."""
+
+    def check(ctx: Ctx, _: str) -> bool:
+        value = read(ctx.projection.get_run(run_id))
+        listed = [run.id for run in ctx.projection.list_runs()]
+        paged = [run.id for run in ctx.projection.iter_runs(batch_size=1)]
+        stored_ok = ctx.dialect != "sqlite" or _stored_text(ctx, column, run_id) == CANONICAL_T0
+        return value == T0 and type(value) is datetime and listed == paged and stored_ok
+
+    return Stored(check)
+
+
+def _subclass_clock(ctx: Ctx, _: Any) -> None:
+    RunProjection(ctx.engine, clock=lambda: own_text(T0.astimezone(IST))).update_state(
+        "r1", "blocked"
+    )
+
+
+def _with(value: Any, call: Callable[[P, Any], Any]) -> Callable[[Ctx, Any], Any]:
+    """*call* on the seeded projection with *value* (bound now, not when a loop ends)."""
+    return lambda ctx, _: call(ctx.projection, value)
+
+
+def _subclass_entries() -> Iterator[Entry]:
+    for zone, when in (("utc", own_text(T0)), ("ist", own_text(T0.astimezone(IST)))):
+        writes: dict[str, tuple[Callable[[P, Any], Any], Stored]] = {
+            "insert_start-now": (
+                lambda q, d: q.insert_start(start(), d),
+                _canonically("started_at", "n1", lambda r: r.started_at),
+            ),
+            "update_state-finished_at": (
+                lambda q, d: q.update_state("r1", "completed", None, d),
+                _canonically("finished_at", "r1", lambda r: r.finished_at),
+            ),
+            "update_retry-next_retry_at": (
+                lambda q, d: q.update_retry("r1", RetryStatus(2, "e", d)),
+                _canonically("next_retry_at", "r1", lambda r: r.retry and r.retry.next_retry_at),
+            ),
+        }
+        for label, (call, stored) in writes.items():
+            yield Entry("datetime subclass", f"{label}-{zone}", _with(when, call), stored)
+        # Reads compare stored text with the bound cutoff/cursor on SQLite: the
+        # subclass's own text ("the instant ...") sorts after every timestamp,
+        # so a cutoff before the only finish would count it.
+        earlier = own_text((T0 - timedelta(seconds=1)).astimezone(when.tzinfo))
+        yield Entry(
+            "datetime subclass",
+            f"count_sweepable-older_than-{zone}",
+            _with(earlier, lambda q, d: q.count_sweepable(d)),
+            Answered(0),
+        )
+        yield Entry(
+            "datetime subclass",
+            f"list_runs-after-{zone}",
+            _with(
+                when,
+                lambda q, d: [
+                    r.id for r in q.list_runs(after=replace(q.get_run("r1"), started_at=d))
+                ],
+            ),
+            Answered(["r2"]),
+        )
+    yield Entry(
+        "datetime subclass",
+        "clock",
+        _subclass_clock,
+        _canonically("updated_at", "r1", lambda r: r.updated_at),
+    )
+
+
+# ------------------------------------------------- RunFilter and keyset cursor ---
+
+
+def _filter_and_cursor_entries() -> Iterator[Entry]:
+    def p(call: Callable[[P], Any]) -> Callable[[Ctx, Any], Any]:
+        return lambda ctx, _: call(ctx.projection)
+
+    readers: dict[str, Callable[[P, Any], Any]] = {
+        "list_runs": lambda q, f: [r.id for r in q.list_runs(f)],
+        "iter_runs": lambda q, f: [r.id for r in q.iter_runs(f)],
+        "count_runs": lambda q, f: q.count_runs(f),
+    }
+    # The seed has one active run (r1, running) and one terminal one (r2, completed).
+    answers: dict[str, dict[bool, Any]] = {
+        "list_runs": {True: ["r1"], False: ["r2"]},
+        "iter_runs": {True: ["r1"], False: ["r2"]},
+        "count_runs": {True: {RunState.RUNNING: 1}, False: {RunState.COMPLETED: 1}},
+    }
+    # A truthy non-bool would silently mean True: "false" listed the active runs.
+    for operation, read in readers.items():
+        for label, active in (
+            ("str-false", "false"),
+            ("int-0", 0),
+            ("int-1", 1),
+            ("empty-str", ""),
+        ):
+            yield Entry(
+                "run filter",
+                f"{operation}-active-{label}",
+                _with(RunFilter(active=cast(Any, active)), read),
+                Refused(TypeError, r"^active must be a bool or None, not (str|int)"),
+            )
+        yield Entry(
+            "run filter",
+            f"{operation}-filter-not-a-RunFilter",
+            _with({"active": True}, read),
+            Refused(TypeError, r"^filter must be a RunFilter or None, not dict"),
+        )
+        for active, answer in answers[operation].items():
+            yield Entry(
+                "run filter",
+                f"{operation}-active-{active}",
+                _with(RunFilter(active=active), read),
+                Answered(answer),
+            )
+
+    def after(cursor: Callable[[P], Any]) -> Callable[[Ctx, Any], Any]:
+        return p(lambda q: [r.id for r in q.list_runs(after=cursor(q))])
+
+    def r1_with(**changes: Any) -> Callable[[P], Run]:
+        return lambda q: replace(q.get_run("r1"), **changes)
+
+    cursors: dict[str, tuple[Callable[[P], Any], Refused]] = {
+        "str": (lambda q: "r1", Refused(TypeError, "^after must be a Run or None, not str")),
+        "run-id-only": (
+            lambda q: ("r1", T0), Refused(TypeError, "^after must be a Run or None, not tuple")
+        ),
+        "naive-started_at": (
+            r1_with(started_at=T0.replace(tzinfo=None)),
+            Refused(ValueError, "^after.started_at must be timezone-aware"),
+        ),
+        "str-started_at": (
+            r1_with(started_at="2026-02-01T08:30:00Z"),
+            Refused(TypeError, "^after.started_at must be a datetime, not str"),
+        ),
+        "out-of-range-started_at": (
+            r1_with(started_at=TOO_EARLY),
+            Refused(ValueError, "^after.started_at .*outside the representable range"),
+        ),
+        "int-id": (r1_with(id=1), Refused(TypeError, "^after.id must be a str, not int")),
+        "NUL-id": (r1_with(id=NUL), Refused(ValueError, "^after.id must not contain NUL")),
+        "surrogate-id": (r1_with(id=LONE_SURROGATE), Refused(ValueError, "^after.id .*surrogate")),
+        "huge-id": (r1_with(id=HUGE), Refused(ValueError, "^after.id .*512 bytes")),
+    }  # fmt: skip
+    for label, (cursor, refused) in cursors.items():
+        yield Entry("keyset cursor", f"list_runs-after-{label}", after(cursor), refused)
+    for label, cursor, answer in (  # neighbours that are fine: answered as usual
+        ("ist-started_at", r1_with(started_at=T0.astimezone(IST)), ["r2"]),
+        ("injection-id", r1_with(id=INJECTION), []),  # "x'..." sorts after "r2"
+    ):
+        yield Entry("keyset cursor", f"list_runs-after-{label}", after(cursor), Answered(answer))
+
+
 # ---------------------------------------------------------------- targets ---
 
 TARGETS = ("directory", "unwritable", "inside-a-file", "not-a-database", "truncated", "newer")
@@ -746,6 +945,8 @@ CATALOGUE = [
     *_text_entries(),
     *_identity_entries(),
     *_value_entries(),
+    *_subclass_entries(),
+    *_filter_and_cursor_entries(),
     *_target_entries(),
 ]
 PARAMETERS = [
@@ -842,7 +1043,7 @@ def test_catalogue_covers_every_category() -> None:
     categories = {(entry.category, dialect) for entry in CATALOGUE for dialect in entry.dialects}
     for category in (
         "datetime", "state", "empty id", "1 MB string", "NUL byte", "SQL injection", "number",
-        "identity",
+        "identity", "lone surrogate", "datetime subclass", "run filter", "keyset cursor",
     ):  # fmt: skip
         assert {(category, "sqlite"), (category, "postgresql")} <= categories, category
     assert ("target", "sqlite") in categories
