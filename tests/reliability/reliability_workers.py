@@ -43,11 +43,16 @@ ALL_STATES = [*NON_TERMINAL, RunState.COMPLETED, RunState.CANCELED]
 
 # ------------------------------------------------------------ contention ---
 
+# Reads are in the mix with their answers checked: through a transaction
+# pooler a read may be sent on another server connection than the one its
+# statement was prepared on, which fails or, worse, answers another query.
 CONTENTION_MIX = (
     ("update_node", 3),
     ("register_node_session", 3),
     ("record_processed_report", 3),
     ("update_state", 1),
+    ("get_run", 2),
+    ("has_processed_report", 2),
 )
 
 
@@ -96,6 +101,23 @@ def _contention_thread(
                     visit = f"{name}-rv{index}"
                 projection.record_processed_report(run_id, visit, report_id)
                 log.reports.setdefault(report_id, [run_id, visit])
+            elif kind == "get_run":
+                found = projection.get_run(run_id).id
+                if found != run_id:
+                    log.errors.append(f"get_run({run_id!r}) answered run {found!r}")
+            elif kind == "has_processed_report":
+                # One receipt this caller recorded (must be there), one it never did.
+                checks = [(f"{name}-never-{index}", run_id, False)]
+                if log.reports:
+                    recorded = rng.choice(sorted(log.reports))
+                    checks.append((recorded, log.reports[recorded][0], True))
+                for report_id, receipt_run, expected in checks:
+                    answer = projection.has_processed_report(receipt_run, report_id)
+                    if answer is not expected:
+                        log.errors.append(
+                            f"has_processed_report({receipt_run!r}, {report_id!r}) "
+                            f"answered {answer!r}"
+                        )
             else:
                 state = rng.choice(ALL_STATES)
                 finished = datetime.now(UTC) if state.is_terminal else None
