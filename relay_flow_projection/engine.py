@@ -277,7 +277,10 @@ def _postgresql_connect_args(
         args.setdefault("timeout", connect_timeout)
         args.setdefault("statement_cache_size", 0)
         args.setdefault("prepared_statement_cache_size", 0)
-        args.setdefault("prepared_statement_name_func", _unnamed_statement)
+        if not args["prepared_statement_cache_size"]:
+            # A cached statement must keep its own name: the opt-in to
+            # SQLAlchemy's statement cache keeps asyncpg's naming.
+            args.setdefault("prepared_statement_name_func", _unnamed_statement)
     else:
         # libpq counts whole seconds and treats anything below 2 as 2.
         args.setdefault("connect_timeout", max(2, math.ceil(connect_timeout)))

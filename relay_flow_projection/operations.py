@@ -52,24 +52,6 @@ if TYPE_CHECKING:
     from .retention import Sweep
 
 
-def _run_filter(filter: RunFilter | None) -> RunFilter:
-    """The filter, or "any" (interim, until validation.run_filter lands)."""
-    run_filter = getattr(check, "run_filter", None)
-    if run_filter is not None:
-        return run_filter(filter)  # type: ignore[no-any-return]
-    wanted = filter or RunFilter()
-    for name in ("repo", "workflow", "ticket"):
-        value = getattr(wanted, name)
-        if value is not None:
-            check.plain_text(value, name)
-    return wanted
-
-
-def _keyset_after(after: Run | None) -> Run | None:
-    keyset_after = getattr(check, "keyset_after", None)
-    return after if keyset_after is None else keyset_after(after)
-
-
 # ------------------------------------------------------------------ runs ---
 
 
@@ -190,8 +172,8 @@ def find_run_by_logical_id(logical_id: str) -> Operation[Run]:
 def list_runs(
     filter: RunFilter | None, limit: int | None, after: Run | None
 ) -> Operation[list[Run]]:
-    wanted = _run_filter(filter)
-    start = _keyset_after(after)
+    wanted = check.run_filter(filter)
+    start = check.keyset_after(after)
     if limit is not None:
         check.non_negative(limit, "limit")
 
@@ -212,7 +194,7 @@ class RunPages:
 
     def __init__(self, filter: RunFilter | None, batch_size: int) -> None:
         self._batch_size = check.positive(batch_size, "batch_size")
-        self._filter = _run_filter(filter)
+        self._filter = check.run_filter(filter)
         self._after: Run | None = None
         self.done = False
 
@@ -231,7 +213,7 @@ class RunPages:
 
 
 def count_runs(filter: RunFilter | None) -> Operation[dict[RunState, int]]:
-    wanted = _run_filter(filter)
+    wanted = check.run_filter(filter)
 
     def body(conn: Connection) -> dict[RunState, int]:
         return sql.count_runs(conn, wanted.repo, wanted.workflow, wanted.ticket, wanted.active)
@@ -257,8 +239,12 @@ def has_active_repo(repo: str) -> Operation[bool]:
 
 
 def sweep_batch(sweep: Sweep) -> Operation[list[str]]:
-    """The next batch of a sweep, in one write transaction (retention.py chooses and deletes)."""
-    return Operation("sweep_retention", sweep.run_batch, writes=True)
+    """The next batch of a sweep, in one write transaction (retention.py chooses and deletes).
+
+    On SQLite the batch deletes its runs' child rows itself, table by table,
+    so it needs no foreign-key checks (execution._sqlite_foreign_keys).
+    """
+    return Operation("sweep_retention", sweep.run_batch, writes=True, deletes_dependents=True)
 
 
 def count_sweepable(older_than: datetime) -> Operation[int]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import multiprocessing
 import os
 import subprocess
@@ -9,13 +10,18 @@ import sys
 from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path
 
+import pytest
 import sqlalchemy as sa
+from conftest import async_target
 
 from relay_flow_projection import (
+    AsyncRunProjection,
     ExecutorIdentity,
     IdentityMismatch,
     RunProjection,
     RunStart,
+    RunState,
+    create_async_engine,
     create_engine,
     init_database_with_identity,
     upgrade,
@@ -128,3 +134,69 @@ def test_offline_sql_prints_postgresql_ddl(postgres_url: str) -> None:
         assert "alembic_version" not in sa.inspect(engine).get_table_names()
     finally:
         engine.dispose()
+
+
+# ------------------------------------------- prepared statements: defaults and opt-in ---
+
+PREPARED_ON_THIS_CONNECTION = "SELECT count(*) FROM pg_prepared_statements"
+# psycopg's own default (prepare after 5 executions); asyncpg's caches on.
+OPT_IN: dict[str, dict[str, object]] = {
+    "psycopg": {"prepare_threshold": 5},
+    "psycopg-async": {"prepare_threshold": 5},
+    "asyncpg": {"statement_cache_size": 100, "prepared_statement_cache_size": 100},
+}
+
+
+def _prepared_after_calls(postgres_url: str, driver: str, connect_args: dict[str, object]) -> int:
+    """Run get_run/update_node 12 times on a pool of one connection; then count the
+    named prepared statements that connection holds on the server."""
+    upgrade(postgres_url)
+    if driver == "psycopg":
+        engine = create_engine(postgres_url, pool_size=1, connect_args=connect_args)
+        try:
+            projection = RunProjection(engine)
+            projection.insert_start(RunStart("r1", "repo", "wf", "t", "k1"), NOW)
+            for visit in range(12):
+                projection.update_node("r1", RunState.RUNNING, "n", f"v{visit}")
+                assert projection.get_run("r1").current_node_visit_id == f"v{visit}"
+            with engine.connect() as connection:
+                return int(connection.exec_driver_sql(PREPARED_ON_THIS_CONNECTION).scalar_one())
+        finally:
+            engine.dispose()
+
+    target, kwargs = async_target(postgres_url, "asyncpg" if driver == "asyncpg" else "async")
+    kwargs["connect_args"] = {**kwargs.get("connect_args", {}), **connect_args}
+
+    async def calls() -> int:
+        engine = create_async_engine(target, pool_size=1, **kwargs)
+        try:
+            projection = AsyncRunProjection(engine)
+            await projection.insert_start(RunStart("r1", "repo", "wf", "t", "k1"), NOW)
+            for visit in range(12):
+                await projection.update_node("r1", RunState.RUNNING, "n", f"v{visit}")
+                run = await projection.get_run("r1")
+                assert run.current_node_visit_id == f"v{visit}"
+            async with engine.connect() as connection:
+                result = await connection.exec_driver_sql(PREPARED_ON_THIS_CONNECTION)
+                return int(result.scalar_one())
+        finally:
+            await engine.dispose()
+
+    return asyncio.run(calls())
+
+
+NOW = datetime(2026, 12, 5, tzinfo=UTC)
+
+
+@pytest.mark.parametrize("driver", sorted(OPT_IN))
+def test_by_default_nothing_is_prepared_on_the_server(postgres_url: str, driver: str) -> None:
+    """The pooler-safe default: no named statement a pooler could hand to another client."""
+    assert _prepared_after_calls(postgres_url, driver, {}) == 0
+
+
+@pytest.mark.parametrize("driver", sorted(OPT_IN))
+def test_a_direct_connection_may_opt_in_to_prepared_statements(
+    postgres_url: str, driver: str
+) -> None:
+    """connect_args win over the defaults (README "Behind PgBouncer"), and the calls work."""
+    assert _prepared_after_calls(postgres_url, driver, OPT_IN[driver]) > 0
