@@ -11,15 +11,18 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from . import sections
+from . import async_sections, sections, sweep
 
 SECTIONS: dict[str, Callable[..., dict[str, Any]]] = {
     "operations": sections.operations,
     "concurrency": sections.concurrency,
     "listings": sections.listings,
-    "sweep_layer": sections.sweep_layer,
-    "sweep_go": sections.sweep_go,
+    "sweep_layer": sweep.sweep_layer,
+    "sweep_go": sweep.sweep_go,
     "iterate": sections.iterate,
+    "async_operations": async_sections.async_operations,
+    "async_concurrency": async_sections.async_concurrency,
+    "pooler_cost": async_sections.pooler_cost,
 }
 
 

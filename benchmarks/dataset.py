@@ -12,6 +12,13 @@ One deterministic shape, written identically to SQLite and PostgreSQL:
 - every run has its child rows: one node runtime binding ("build"), one
   processed report and one node session.
 
+The retention sweep runs on a *mixed* shape (``Shape(runs, mixed=True)``, a
+template of its own): 10% of the runs are active, one in every ten
+consecutive runs (at a varying position) through the whole table, the old
+ones included; the oldest ``runs / 10`` terminal runs are what
+``sweep_retention(cutoff)`` removes, interleaved with active runs that it
+must step over.
+
 The schema always comes from the project's own Alembic chain; rows are bulk
 loaded with the raw drivers (loading is not what is measured). A *template*
 is loaded once per dialect and copied for every section, so each section gets
@@ -53,63 +60,83 @@ def run_id(index: int) -> str:
 @dataclass(frozen=True, slots=True)
 class Shape:
     runs: int
+    mixed: bool = False  # 10% active runs through the whole table (the sweep's data set)
 
     @property
     def sweepable(self) -> int:
         return self.runs // 10
 
     @property
+    def old_end(self) -> int:
+        """The runs below this index finished before :attr:`cutoff`."""
+        if not self.mixed:
+            return self.sweepable
+        index, terminal = 10 * (self.sweepable // 9), 9 * (self.sweepable // 9)
+        while terminal < self.sweepable:
+            terminal += not self.is_active(index)
+            index += 1
+        return index
+
+    @property
     def cutoff(self) -> datetime:
-        """``sweep_retention(cutoff)`` removes exactly the oldest tenth."""
-        return BASE_TIME + timedelta(seconds=self.sweepable) + RUN_LIFETIME
+        """``sweep_retention(cutoff)`` removes exactly ``sweepable`` terminal runs."""
+        return BASE_TIME + timedelta(seconds=self.old_end) + RUN_LIFETIME
 
     def is_active(self, index: int) -> bool:
+        if self.mixed:
+            # One run in each ten consecutive ones, at a position that varies.
+            return (7 * index + index // 10) % 10 == 3
         return index >= self.sweepable and (index // WORKFLOWS) % 90 == 37
 
     def active_indexes(self) -> Iterator[int]:
-        return (i for i in range(self.sweepable, self.runs) if self.is_active(i))
+        start = 0 if self.mixed else self.sweepable
+        return (i for i in range(start, self.runs) if self.is_active(i))
 
     def workflow_of(self, index: int) -> str:
         return f"workflow-{index % WORKFLOWS}"
 
+    def run_row(self, i: int) -> tuple[Any, ...]:
+        """The relay_runs row of run *i*, timestamps as aware datetimes (columns: RUN_COLUMNS)."""
+        started = BASE_TIME + timedelta(seconds=i)
+        active = self.is_active(i)
+        if active:
+            state = ACTIVE_STATES[(i // 9_000) % len(ACTIVE_STATES)]
+        else:
+            state = "canceled" if i % 7 == 0 else "completed"
+        rid = run_id(i)
+        return (
+            rid,
+            rid,
+            1,
+            f"repo-{i % REPOS}",
+            self.workflow_of(i),
+            f"T-{i}",
+            f"KEY-{i % 50_000}",
+            state,
+            "build" if active else None,
+            f"visit-{i}" if active else None,
+            "canceled by user" if state == "canceled" else None,
+            started,
+            started + RUN_LIFETIME,
+            None if active else started + RUN_LIFETIME,
+        )
+
     def run_rows(self) -> Iterator[tuple[Any, ...]]:
-        """relay_runs rows, timestamps as aware datetimes (columns: RUN_COLUMNS)."""
-        for i in range(self.runs):
-            started = BASE_TIME + timedelta(seconds=i)
-            active = self.is_active(i)
-            if active:
-                state = ACTIVE_STATES[(i // 9_000) % len(ACTIVE_STATES)]
-            else:
-                state = "canceled" if i % 7 == 0 else "completed"
-            rid = run_id(i)
-            yield (
-                rid,
-                rid,
-                1,
-                f"repo-{i % REPOS}",
-                self.workflow_of(i),
-                f"T-{i}",
-                f"KEY-{i % 50_000}",
-                state,
-                "build" if active else None,
-                f"visit-{i}" if active else None,
-                "canceled by user" if state == "canceled" else None,
-                started,
-                started + RUN_LIFETIME,
-                None if active else started + RUN_LIFETIME,
-            )
+        return (self.run_row(i) for i in range(self.runs))
+
+    def child_row(self, i: int) -> tuple[tuple[Any, ...], tuple[Any, ...], tuple[Any, ...]]:
+        """(node runtime, processed report, node session) of run *i* (columns: CHILD_COLUMNS)."""
+        rid = run_id(i)
+        at = BASE_TIME + timedelta(seconds=i) + RUN_LIFETIME
+        visit = f"visit-{i}"
+        return (
+            (rid, "build", None, f"session-{i}", visit, at),
+            (rid, f"report-{i}", visit, at),
+            (rid, "build", f"session-{i}", visit, at),
+        )
 
     def child_rows(self) -> Iterator[tuple[tuple[Any, ...], tuple[Any, ...], tuple[Any, ...]]]:
-        """(node runtime, processed report, node session) of every run."""
-        for i in range(self.runs):
-            rid = run_id(i)
-            at = BASE_TIME + timedelta(seconds=i) + RUN_LIFETIME
-            visit = f"visit-{i}"
-            yield (
-                (rid, "build", None, f"session-{i}", visit, at),
-                (rid, f"report-{i}", visit, at),
-                (rid, "build", f"session-{i}", visit, at),
-            )
+        return (self.child_row(i) for i in range(self.runs))
 
 
 RUN_COLUMNS = (

@@ -5,9 +5,11 @@ statement, against what the layer's cursor executes), same connection settings
 (the project's pragmas; autocommit reads, ``BEGIN IMMEDIATE`` writes behind an
 in-process writer lock on SQLite; implicit-BEGIN writes and autocommit reads on
 PostgreSQL), same timestamp conversion and the same row-to-dataclass mapping
-(``statements.row_to_run``). What the raw code does not do is what the layer
-adds: argument validation, connection pooling, statement compilation/caching,
-result processing, error translation.
+(``statements.row_to_run``); on PostgreSQL each write transaction starts with
+``SET LOCAL lock_timeout`` as execution.py's ``run_in_transaction`` does.
+What the raw code does not do is what the layer adds: argument validation,
+connection pooling, statement compilation/caching, result processing, error
+translation.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from sqlalchemy.engine import Engine
 
 from relay_flow_projection import RunProjection
 from relay_flow_projection.engine import BUSY_TIMEOUT_MS, JOURNAL_SIZE_LIMIT
+from relay_flow_projection.execution import DEFAULT_LOCK_TIMEOUT
 from relay_flow_projection.models import NodeSessionRegistration, Run, RunStart, RunState
 from relay_flow_projection.statements import row_to_run
 from relay_flow_projection.timestamps import parse_stored_text, to_storage_text
@@ -37,6 +40,10 @@ _RUN_SELECT = (
     "relay_runs.started_at, relay_runs.updated_at, relay_runs.finished_at \nFROM relay_runs \n"
 )
 _TIMESTAMP_POSITIONS = (13, 14, 15, 16)
+# execution.py's first statement of every PostgreSQL write transaction: the
+# lock budget as a transaction-scoped setting (the only kind a transaction-
+# pooling PgBouncer carries to the server connection that runs the writes).
+SET_LOCK_TIMEOUT = f"SET LOCAL lock_timeout = {round(DEFAULT_LOCK_TIMEOUT * 1000)}"
 
 SQLITE = {
     "insert_start": (
@@ -285,6 +292,7 @@ class RawPostgres:
     def _write(self, work: Callable[[psycopg.Connection[Any]], Any]) -> Any:
         connection = self.writer
         try:
+            connection.execute(SET_LOCK_TIMEOUT.encode())
             result = work(connection)
         except BaseException:
             connection.rollback()
@@ -365,7 +373,7 @@ class _RecordingCursor(psycopg.Cursor[Any]):
 
     def execute(self, query: Any, params: Any = None, **kwargs: Any) -> Any:
         text = query.decode() if isinstance(query, bytes) else str(query)
-        used = {name: params[name] for name in _PLACEHOLDER.findall(text)} if params else params
+        used = {name: params[name] for name in _PLACEHOLDER.findall(text)} if params else None
         self.trace.append((text, used))
         return super().execute(query, params, **kwargs)
 

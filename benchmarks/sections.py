@@ -29,10 +29,8 @@ from relay_flow_projection import (
     RunState,
     create_engine,
 )
-from relay_flow_projection.engine import BUSY_TIMEOUT_MS, JOURNAL_SIZE_LIMIT
-from relay_flow_projection.timestamps import to_storage_text
 
-from .dataset import CHILD_TABLES, Shape, run_id
+from .dataset import Shape, run_id
 from .raw import (
     TRANSACTION_CONTROL,
     RawDriver,
@@ -313,93 +311,7 @@ def listings(target: Target, runs: int, repeat: int) -> dict[str, Any]:
     return results
 
 
-# ------------------------------------------------------------- 3. sweep ---
-
-
-def _child_rows(target: Target) -> int:
-    counts = [f"(SELECT count(*) FROM {table})" for table in CHILD_TABLES]  # noqa: S608
-    query = "SELECT " + " + ".join(counts)
-    if target.dialect == "sqlite":
-        connection = sqlite3.connect(target.conninfo)
-        try:
-            return int(connection.execute(query).fetchone()[0])
-        finally:
-            connection.close()
-    with psycopg.connect(target.conninfo, autocommit=True) as pg:
-        row = pg.execute(query.encode()).fetchone()
-        return int(row[0]) if row else 0
-
-
-def sweep_layer(target: Target, runs: int, batch_size: int) -> dict[str, Any]:
-    shape = Shape(runs)
-    children_before = _child_rows(target)
-    engine = create_engine(target.url)
-    projection = RunProjection(engine)
-    started = time.perf_counter()
-    deleted = projection.sweep_retention(shape.cutoff, batch_size=batch_size)
-    elapsed = time.perf_counter() - started
-    remaining = projection.count_sweepable(shape.cutoff)
-    engine.dispose()
-    return {
-        "seconds": elapsed,
-        "runs_deleted": len(deleted),
-        "children_deleted": children_before - _child_rows(target),
-        "remaining_sweepable": remaining,
-    }
-
-
-# The Go release's statements (projection.go, sweepRetention), verbatim but for placeholders.
-GO_SELECT = (
-    "SELECT id FROM relay_runs WHERE state IN ('completed', 'canceled') "
-    "AND finished_at IS NOT NULL AND finished_at < ?"
-)
-GO_DELETES = (
-    "DELETE FROM relay_processed_reports WHERE run_id = ?",
-    "DELETE FROM relay_node_sessions WHERE run_id = ?",
-    "DELETE FROM relay_node_runtime WHERE run_id = ?",
-    "DELETE FROM relay_runs WHERE id = ?",
-)
-
-
-def sweep_go(target: Target, runs: int) -> dict[str, Any]:
-    """The Go algorithm on the raw driver: select every id, then one transaction per run."""
-
-    shape = Shape(runs)
-    children_before = _child_rows(target)
-    started = time.perf_counter()
-    if target.dialect == "sqlite":
-        connection = sqlite3.connect(target.conninfo, isolation_level=None)
-        for pragma in (
-            f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}",
-            "PRAGMA foreign_keys = ON",
-            "PRAGMA journal_mode = WAL",
-            "PRAGMA synchronous = NORMAL",
-            f"PRAGMA journal_size_limit = {JOURNAL_SIZE_LIMIT}",
-        ):
-            connection.execute(pragma)
-        cutoff = to_storage_text(shape.cutoff)
-        ids = [row[0] for row in connection.execute(GO_SELECT, (cutoff,))]
-        for rid in ids:
-            connection.execute("BEGIN")  # database/sql's BeginTx: a deferred transaction
-            for statement in GO_DELETES:
-                connection.execute(statement, (rid,))
-            connection.execute("COMMIT")
-        connection.close()
-    else:
-        with psycopg.connect(target.conninfo) as pg:
-            ids = [row[0] for row in pg.execute(GO_SELECT.replace("?", "%s"), (shape.cutoff,))]
-            pg.commit()
-            deletes = [statement.replace("?", "%s") for statement in GO_DELETES]
-            for rid in ids:
-                for statement in deletes:
-                    pg.execute(statement.encode(), (rid,))
-                pg.commit()
-    elapsed = time.perf_counter() - started
-    return {
-        "seconds": elapsed,
-        "runs_deleted": len(ids),
-        "children_deleted": children_before - _child_rows(target),
-    }
+# 3. (the retention sweep) is in sweep.py.
 
 
 # ---------------------------------------------------------- 5. iter_runs ---

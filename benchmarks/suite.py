@@ -24,6 +24,7 @@ from typing import Any
 from relay_flow_projection import upgrade
 from relay_flow_projection.migrate import head_revision
 
+from .async_suite import measure_async
 from .dataset import (
     PostgresDatabases,
     Shape,
@@ -51,7 +52,7 @@ class Sizes:
     threads: int
     thread_iterations: int
     repeat: int  # samples per listing measurement
-    sweep_batches: tuple[int, ...]  # the default first
+    sweep_batches: tuple[int, ...]  # batch_size caps; the first is the default
     sweep_repeats: int  # fresh copies swept by the layer per batch size; the median is reported
     adoption_runs: tuple[int, ...]
 
@@ -65,7 +66,7 @@ FULL = Sizes(
     threads=8,
     thread_iterations=100,
     repeat=50,
-    sweep_batches=(1_000, 5_000),
+    sweep_batches=(1_000, 10_000),
     sweep_repeats=3,
     adoption_runs=(100_000, 1_000_000),
 )
@@ -78,7 +79,7 @@ QUICK = Sizes(
     threads=8,
     thread_iterations=10,
     repeat=10,
-    sweep_batches=(1_000, 5_000),
+    sweep_batches=(1_000, 10_000),
     sweep_repeats=1,
     adoption_runs=(2_000, 20_000),
 )
@@ -115,40 +116,47 @@ class Databases:
         self.workdir = workdir
         self.postgres = postgres
         self.template: str | None = None
+        self.mixed_template: str | None = None  # Shape(runs, mixed=True): the sweep's
         self.counter = 0
 
     def load_template(self, shape: Shape) -> None:
         started = time.perf_counter()
+        tag = "mixed-template" if shape.mixed else "template"
         if self.dialect == "sqlite":
-            path = self.workdir / "template.db"
+            path = self.workdir / f"{tag}.db"
             load_sqlite(path, shape)
-            self.template = str(path)
+            name = str(path)
         else:
-            self.template = self.postgres.create("template")
-            load_postgres(self.postgres, self.template, shape)
+            name = self.postgres.create(tag.replace("-", "_"))
+            load_postgres(self.postgres, name, shape)
+        if shape.mixed:
+            self.mixed_template = name
+        else:
+            self.template = name
         log(
-            f"{self.dialect}: template of {shape.runs:,} runs loaded in "
+            f"{self.dialect}: {tag} of {shape.runs:,} runs loaded in "
             f"{time.perf_counter() - started:.0f} s"
         )
 
     @contextmanager
-    def fresh(self, *, empty: bool = False) -> Iterator[Target]:
-        """A new database (a copy of the template, or an empty one upgraded to head)."""
+    def fresh(self, *, empty: bool = False, mixed: bool = False) -> Iterator[Target]:
+        """A new database (a copy of a template, or an empty one upgraded to head)."""
         self.counter += 1
+        template = self.mixed_template if mixed else self.template
         if self.dialect == "sqlite":
             path = self.workdir / f"section-{self.counter}.db"
             if empty:
                 upgrade(path)
             else:
-                assert self.template is not None
-                copy_sqlite(Path(self.template), path)
+                assert template is not None
+                copy_sqlite(Path(template), path)
             try:
                 yield Target("sqlite", str(path), str(path))
             finally:
                 for suffix in ("", "-wal", "-shm"):
                     Path(f"{path}{suffix}").unlink(missing_ok=True)
             return
-        name = self.postgres.create(f"s{self.counter}", None if empty else self.template)
+        name = self.postgres.create(f"s{self.counter}", None if empty else template)
         if empty:
             upgrade(self.postgres.url(name))
         try:
@@ -157,50 +165,89 @@ class Databases:
             self.postgres.drop(name)
 
 
-def measure_dialect(databases: Databases, sizes: Sizes, results: Results) -> None:
-    dialect = databases.dialect
-    shape = Shape(sizes.runs)
-    databases.load_template(shape)
+# What --sections can choose (all by default).
+SECTIONS = ("operations", "concurrency", "listings", "sweep", "iterate", "adoption", "async")
 
-    with databases.fresh() as target:
-        log(f"{dialect}: 1. per-operation cost, layer vs raw driver")
-        ops = run_child(
-            "operations",
-            target,
-            runs=sizes.runs,
-            rounds=sizes.rounds,
-            block=sizes.read_block,
-            write_block=sizes.write_block[dialect],
-            write_rounds=sizes.write_rounds[dialect],
-        )
-        results.put(dialect, "operations", ops)
-    with databases.fresh(empty=True) as target:
-        log(f"{dialect}: 1. {sizes.threads} threads on shared runs")
-        shared = run_child(
-            "concurrency", target, threads=sizes.threads, iterations=sizes.thread_iterations
-        )
-        results.put(dialect, "concurrency", shared)
-    with databases.fresh() as target:
-        log(f"{dialect}: 2. listings, keyset pages, counts")
-        listed = run_child("listings", target, runs=sizes.runs, repeat=sizes.repeat)
-        results.put(dialect, "listings", listed)
+
+def measure_dialect(
+    databases: Databases, sizes: Sizes, results: Results, sections: tuple[str, ...] = SECTIONS
+) -> None:
+    dialect = databases.dialect
+    if {"operations", "listings", "iterate", "async"} & set(sections):
+        databases.load_template(Shape(sizes.runs))
+
+    if "operations" in sections:
+        with databases.fresh() as target:
+            log(f"{dialect}: 1. per-operation cost, layer vs raw driver")
+            ops = run_child(
+                "operations",
+                target,
+                runs=sizes.runs,
+                rounds=sizes.rounds,
+                block=sizes.read_block,
+                write_block=sizes.write_block[dialect],
+                write_rounds=sizes.write_rounds[dialect],
+            )
+            results.put(dialect, "operations", ops)
+    if "concurrency" in sections:
+        with databases.fresh(empty=True) as target:
+            log(f"{dialect}: 1. {sizes.threads} threads on shared runs")
+            shared = run_child(
+                "concurrency", target, threads=sizes.threads, iterations=sizes.thread_iterations
+            )
+            results.put(dialect, "concurrency", shared)
+    if "listings" in sections:
+        with databases.fresh() as target:
+            log(f"{dialect}: 2. listings, keyset pages, counts")
+            listed = run_child("listings", target, runs=sizes.runs, repeat=sizes.repeat)
+            results.put(dialect, "listings", listed)
+    if "sweep" in sections:
+        measure_sweep(databases, sizes, results)
+    if "iterate" in sections:
+        with databases.fresh() as target:
+            log(f"{dialect}: 5. iter_runs over every run")
+            iterated = run_child("iterate", target, runs=sizes.runs)
+            results.put(dialect, "iterate", iterated)
+    if "async" in sections:
+        measure_async(databases, sizes, results)
+
+
+def measure_sweep(databases: Databases, sizes: Sizes, results: Results) -> None:
+    """3. sweep_retention and the Go algorithm on copies of the mixed data set (sweep.py).
+
+    The Go algorithm runs once with the layer's pragmas (the ratio the target is
+    about) and, on SQLite, once with the Go release's own. The layer sweeps
+    ``sweep_repeats`` fresh copies per ``batch_size`` cap (the median time is
+    reported, and the longest batch of all of them), then once more with an
+    archive, which is checked line by line.
+    """
+    dialect = databases.dialect
+    databases.load_template(Shape(sizes.runs, mixed=True))
+    with databases.fresh(mixed=True) as target:
+        log(f"{dialect}: 3. the Go algorithm, the layer's connection settings")
+        results.put(dialect, "sweep_go", run_child("sweep_go", target, runs=sizes.runs))
     for batch in sizes.sweep_batches:
         sweeps = []
         for repeat in range(sizes.sweep_repeats):
-            with databases.fresh() as target:
-                log(f"{dialect}: 3. sweep_retention, batches of {batch} ({repeat + 1})")
+            with databases.fresh(mixed=True) as target:
+                log(f"{dialect}: 3. sweep_retention, batch_size={batch} ({repeat + 1})")
                 sweeps.append(run_child("sweep_layer", target, runs=sizes.runs, batch_size=batch))
         sweeps.sort(key=lambda sweep: float(sweep["seconds"]))
-        median = {**sweeps[len(sweeps) // 2], "all_seconds": [s["seconds"] for s in sweeps]}
+        median = {
+            **sweeps[len(sweeps) // 2],
+            "all_seconds": [s["seconds"] for s in sweeps],
+            "longest_batch_s": max(float(s["longest_batch_s"]) for s in sweeps),
+        }
         results.put(dialect, f"sweep_layer_{batch}", median)
-    with databases.fresh() as target:
-        log(f"{dialect}: 3. the Go algorithm on the same data")
-        go = run_child("sweep_go", target, runs=sizes.runs)
-        results.put(dialect, "sweep_go", go)
-    with databases.fresh() as target:
-        log(f"{dialect}: 5. iter_runs over every run")
-        iterated = run_child("iterate", target, runs=sizes.runs)
-        results.put(dialect, "iterate", iterated)
+    with databases.fresh(mixed=True) as target:
+        log(f"{dialect}: 3. sweep_retention with an archive, then every line checked")
+        archived = run_child("sweep_layer", target, runs=sizes.runs, archive=True)
+        results.put(dialect, "sweep_archive", archived)
+    if dialect == "sqlite":
+        with databases.fresh(mixed=True) as target:
+            log(f"{dialect}: 3. the Go algorithm, the Go release's own connection settings")
+            own = run_child("sweep_go", target, runs=sizes.runs, pragmas="go")
+            results.put(dialect, "sweep_go_own", own)
 
 
 def _legacy_module() -> ModuleType:
@@ -270,7 +317,25 @@ def parse_arguments(argv: list[str]) -> argparse.Namespace:
         "--dialect", choices=(*DIALECTS, "both"), default="both", help="default: both"
     )
     parser.add_argument("--json", type=Path, help="also write the raw measurements here")
+    parser.add_argument(
+        "--sections",
+        type=_sections,
+        default=SECTIONS,
+        metavar="NAME[,NAME...]",
+        help=f"run only these sections (default: all): {', '.join(SECTIONS)}",
+    )
     return parser.parse_args(argv)
+
+
+def _sections(text: str) -> tuple[str, ...]:
+    chosen = tuple(name.strip() for name in text.split(",") if name.strip())
+    unknown = sorted(set(chosen) - set(SECTIONS))
+    if unknown or not chosen:
+        named = ", ".join(unknown) or "(none)"
+        raise argparse.ArgumentTypeError(
+            f"unknown section(s) {named}; choose from {', '.join(SECTIONS)}"
+        )
+    return chosen
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -296,8 +361,10 @@ def main(argv: list[str] | None = None) -> int:
                     log(f"postgresql skipped: {reason}")
                     results.unavailable["postgresql"] = reason
                     continue
-            measure_dialect(Databases(dialect, workdir, postgres), sizes, results)
-            if dialect == "sqlite":
+            measure_dialect(
+                Databases(dialect, workdir, postgres), sizes, results, arguments.sections
+            )
+            if dialect == "sqlite" and "adoption" in arguments.sections:
                 for runs in sizes.adoption_runs:
                     log(f"sqlite: 4. alembic upgrade head adopting {runs:,} generation-1 runs")
                     results.adoption.append(adopt(workdir, runs))

@@ -181,6 +181,7 @@ class AsyncRunProjection:
         try:
             while not sweep.done:
                 batch = await self._run(op.sweep_batch(sweep))
+                sweep.batch_committed()  # times the batch through its commit
                 if batch:
                     yield batch
         finally:

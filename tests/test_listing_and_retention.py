@@ -449,7 +449,8 @@ def test_sweep_in_batches_deletes_everything(
     cutoff = T0 + timedelta(days=1)
     assert many_expired.count_sweepable(cutoff) == 7
 
-    deleted = many_expired.sweep_retention(cutoff, batch_size=batch_size)
+    # A target no batch here can reach: batches of exactly batch_size runs.
+    deleted = many_expired.sweep_retention(cutoff, batch_size=batch_size, target_batch_seconds=3600)
 
     assert sorted(deleted) == [f"x{index}" for index in range(7)]
     assert [run.id for run in many_expired.list_runs()] == ["live"]

@@ -232,3 +232,28 @@ def test_sweep_selects_its_batches_from_the_sweepable_index(planned: Planned) ->
     cutoff = T0 + timedelta(hours=1)
     plan = planned.plans(lambda p: p.sweep_retention(cutoff, batch_size=10))
     _assert_uses(plan, "relay_runs_sweepable", planned.dialect, ordered=True)
+
+
+def test_sweep_deletes_find_their_rows_by_key(planned: Planned) -> None:
+    """A batch's DELETEs search each table by key for the batch's ids, bound as one
+    value (a JSON array read by json_each on SQLite, an array on PostgreSQL)."""
+    SENT.clear()
+    swept = planned.projection.sweep_retention(T0 + timedelta(hours=1), batch_size=10)
+    assert swept
+    deletes = [(s, p) for s, p in SENT if s.lstrip().upper().startswith("DELETE")]
+    tables = [statement.split()[2] for statement, _ in deletes]
+    per_batch = (
+        ["relay_runs"]
+        if planned.dialect == "postgresql"  # the cascade deletes the child rows
+        else ["relay_processed_reports", "relay_node_sessions", "relay_node_runtime", "relay_runs"]
+    )
+    assert tables[: len(per_batch)] == per_batch
+    for (statement, parameters), table in zip(deletes, tables, strict=True):
+        assert len(parameters if planned.dialect == "sqlite" else parameters.values()) == 1
+        text = "\n".join(planned._plan(statement, parameters))
+        if planned.dialect == "sqlite":
+            assert f"SEARCH {table} USING" in text, text
+            assert f"SCAN {table}" not in text, text
+        else:
+            assert f"Index Scan using pk_{table}" in text, text
+            assert "Seq Scan" not in text, text

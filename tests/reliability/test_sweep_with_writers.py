@@ -2,12 +2,27 @@
 
 Four threads update active runs while a sweep deletes tens of thousands of
 old runs in time-sized batches. No writer may fail, and no writer may wait
-longer than one batch holds the write lock (SQLite) or row locks
-(PostgreSQL): a writer's p99 during the sweep stays within the longest batch
-the sweep took plus a writer's own normal p99 (measured just before). The
-bound is made of this run's own measurements, not of fixed speeds, so a slow
-machine does not fail it; a sweep that held the lock for its whole length
-would.
+longer than about one batch holds the write lock (SQLite) or its row locks
+(PostgreSQL):
+
+- no batch of the sweep holds its locks longer than twice the sweep's target
+  (``DEFAULT_TARGET_BATCH_SECONDS``, 75 ms) -- timed from its ``BEGIN`` to the
+  connection's return to the pool after ``COMMIT``, through engine events in
+  the sweeping thread, so the commit and any WAL checkpoint count and the
+  time the sweep spent queued behind writers does not;
+- the writers' p99 latency during the sweep stays under the target plus
+  their own normal p99 (measured just before, with the same four writers).
+
+A writer queued behind a batch waits for the rest of it and for the writers
+ahead of it, so its p99 is about the longest batch plus a normal write: the
+sweep sizes its batches for 70% of the target to leave room for the batches
+that take longer than planned. The bounds are relative to the target and to
+this run's own baseline, not fixed speeds; a sweep that holds the lock
+longer fails them. Checked by hand with ``target_batch_seconds=60,
+batch_size=40_000`` (batches doubling up to ~25,000 runs): on SQLite the
+writers' p99 was 188 ms against a bound of 131 ms; on PostgreSQL, where the
+writers' updates of active runs never wait for the sweep's row locks, the
+longest batch held its locks 694 ms against 200 ms.
 """
 
 from __future__ import annotations
@@ -21,13 +36,42 @@ import sqlalchemy as sa
 from reliability_support import percentile, scaled
 
 from relay_flow_projection import RunProjection, RunStart, RunState, create_engine, upgrade
+from relay_flow_projection.retention import DEFAULT_TARGET_BATCH_SECONDS
 from relay_flow_projection.schema import node_runtime, node_sessions, processed_reports, runs
 
 OLD = datetime(2025, 1, 1, tzinfo=UTC)
 WRITERS = 4
 ACTIVE_PER_WRITER = 10
+# The bound on one batch's hold: twice the sweep's target.
+MAX_HOLD = 2 * DEFAULT_TARGET_BATCH_SECONDS
 # Slack for thread scheduling on a busy 2-CPU machine (five threads, one GIL).
 SCHEDULING_SLACK = 0.05
+
+
+class SweepHolds:
+    """How long each write transaction of *thread* held its locks: from ``begin``
+    (the engine's SQLite listener has already run ``BEGIN IMMEDIATE``) to the
+    pool's ``checkin`` of that connection, after ``COMMIT``."""
+
+    def __init__(self, engine: sa.Engine, thread: int) -> None:
+        self.seconds: list[float] = []
+        self._thread = thread
+        self._began: dict[int, float] = {}
+        sa.event.listen(engine, "begin", self._on_begin)
+        sa.event.listen(engine.pool, "checkin", self._on_checkin)
+
+    def _on_begin(self, connection: sa.Connection) -> None:
+        options = connection.get_execution_options()
+        if threading.get_ident() != self._thread or options.get("relay_read_only"):
+            return
+        if options.get("isolation_level") == "AUTOCOMMIT":
+            return
+        self._began[id(connection.connection.dbapi_connection)] = time.perf_counter()
+
+    def _on_checkin(self, dbapi_connection: object, _record: object) -> None:
+        started = self._began.pop(id(dbapi_connection), None)
+        if started is not None:
+            self.seconds.append(time.perf_counter() - started)
 
 
 def _load_old_runs(engine: sa.Engine, count: int) -> None:
@@ -102,17 +146,15 @@ def test_writers_keep_flowing_during_a_sweep(db_url: str, dialect: str, tmp_path
             thread.start()
         try:
             time.sleep(1.0)
+            holds = SweepHolds(engine, threading.get_ident())
             phase["name"] = "sweep"
-            batches: list[float] = []
-            swept = 0
+            batches = swept = 0
             sweep_started = time.perf_counter()
-            before = time.perf_counter()
             for batch in projection.sweep_retention_batches(
                 now - timedelta(days=30), batch_size=5000
             ):
-                batches.append(time.perf_counter() - before)
+                batches += 1
                 swept += len(batch)
-                before = time.perf_counter()
             sweep_seconds = time.perf_counter() - sweep_started
         finally:
             stop.set()
@@ -127,18 +169,20 @@ def test_writers_keep_flowing_during_a_sweep(db_url: str, dialect: str, tmp_path
             )
         baseline_p99 = percentile(latencies["baseline"], 0.99)
         during_p99 = percentile(latencies["sweep"], 0.99)
-        longest_batch = max(batches)
+        longest_hold = max(holds.seconds)
         print(
-            f"\nsweep with writers [{dialect}]: {swept} runs in {len(batches)} batches, "
-            f"{sweep_seconds:.2f} s, longest batch {longest_batch * 1000:.1f} ms; "
-            f"writers: {len(latencies['baseline'])} writes before (p99 "
-            f"{baseline_p99 * 1000:.1f} ms), {len(latencies['sweep'])} during (p99 "
-            f"{during_p99 * 1000:.1f} ms), 0 errors"
+            f"\nsweep with writers [{dialect}]: {swept} runs in {batches} batches, "
+            f"{sweep_seconds:.2f} s, longest batch {longest_hold * 1000:.1f} ms "
+            f"(target {DEFAULT_TARGET_BATCH_SECONDS * 1000:g} ms); writers: "
+            f"{len(latencies['baseline'])} writes before (p99 {baseline_p99 * 1000:.1f} ms), "
+            f"{len(latencies['sweep'])} during (p99 {during_p99 * 1000:.1f} ms), 0 errors"
         )
         # Writers got through during the sweep, not only after it.
-        assert len(latencies["sweep"]) >= len(batches)
-        assert during_p99 <= longest_batch + baseline_p99 + SCHEDULING_SLACK
-        # And the sweep did not hold the lock for its whole length.
-        assert longest_batch < sweep_seconds / 2
+        assert len(latencies["sweep"]) >= batches
+        # No batch held the lock beyond twice the target ...
+        assert len(holds.seconds) >= batches
+        assert longest_hold <= MAX_HOLD + SCHEDULING_SLACK
+        # ... and writers waited no longer than the target and a normal write.
+        assert during_p99 <= DEFAULT_TARGET_BATCH_SECONDS + baseline_p99 + SCHEDULING_SLACK
     finally:
         engine.dispose()

@@ -1,0 +1,472 @@
+"""The asyncio sections (6) and the cost of the pooler-safe defaults (7).
+
+Like ``sections.py``, each function runs in a child process of its own on a
+fresh database and returns a JSON-able dict:
+
+- ``async_operations``: the single-row methods through ``AsyncRunProjection``
+  against the raw async driver (``raw_async.py``) sending the same SQL with the
+  same transactions (checked at the driver first), in alternating blocks;
+- ``async_concurrency``: 64 tasks doing ``get_run`` / ``update_node`` on
+  PostgreSQL through the async layer and through the raw async drivers with
+  the same number of connections, the sync facade with 8 threads beside
+  them, and the longest stall of a 1 ms heartbeat task during each async run;
+- ``pooler_cost``: the same single-row methods on a direct PostgreSQL
+  connection with the layer's pooler-safe defaults against the drivers'
+  own defaults (psycopg ``prepare_threshold=5``, asyncpg's statement caches).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import statistics
+import threading
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any, Protocol
+
+from relay_flow_projection import (
+    AsyncRunProjection,
+    NodeSessionRegistration,
+    RunProjection,
+    RunStart,
+    RunState,
+    create_async_engine,
+    create_engine,
+)
+from relay_flow_projection.models import Run
+
+from .dataset import Shape, run_id
+from .raw_async import (
+    RawAsyncDriver,
+    RawPoolWork,
+    async_url,
+    open_raw,
+    verify_same_sql_async,
+)
+from .sections import Target, _alternate
+
+OPERATIONS = ("insert_start", "update_node", "get_run", "register_node_session")
+HEARTBEAT_S = 0.001
+# What the drivers do by default, opted back into on a direct connection.
+PSYCOPG_DEFAULT = {"prepare_threshold": 5}
+ASYNCPG_DEFAULT = {"statement_cache_size": 100, "prepared_statement_cache_size": 100}
+
+
+def _us(nanoseconds: float) -> float:
+    return nanoseconds / 1000.0
+
+
+async def _alternate_async(
+    rounds: int,
+    block: int,
+    layer: Callable[[int], Awaitable[object]],
+    raw: Callable[[int], Awaitable[object]],
+) -> dict[str, float]:
+    """``sections._alternate`` for coroutines: median µs/op of alternating blocks."""
+    counter = itertools.count()
+    for op in (layer, raw):  # warm caches, compiled statements, pools
+        for _ in range(max(block // 5, 5)):
+            await op(next(counter))
+    times: dict[str, list[float]] = {"layer": [], "raw": []}
+    for round_number in range(rounds):
+        order = [("layer", layer), ("raw", raw)]
+        if round_number % 2:
+            order.reverse()
+        for name, op in order:
+            started = time.perf_counter_ns()
+            for _ in range(block):
+                await op(next(counter))
+            times[name].append(_us((time.perf_counter_ns() - started) / block))
+    layer_us = statistics.median(times["layer"])
+    raw_us = statistics.median(times["raw"])
+    return {"layer_us": layer_us, "raw_us": raw_us, "ratio": layer_us / raw_us}
+
+
+def _start(k: int) -> RunStart:
+    return RunStart(f"new-{k:09d}", "repo-1", "workflow-7", f"T-n{k}", f"KEY-n{k}")
+
+
+def _registration(runs: int, k: int) -> NodeSessionRegistration:
+    return NodeSessionRegistration(run_id((k * 104_729) % runs), "build", f"s-{k}")
+
+
+# ------------------------------------------------ 6. single-row, async ---
+
+
+def async_operations(
+    target: Target,
+    driver: str,
+    runs: int,
+    rounds: int,
+    block: int,
+    write_block: int,
+    write_rounds: int,
+) -> dict[str, Any]:
+    return asyncio.run(
+        _async_operations(target, driver, runs, rounds, block, write_block, write_rounds)
+    )
+
+
+async def _async_operations(
+    target: Target,
+    driver: str,
+    runs: int,
+    rounds: int,
+    block: int,
+    write_block: int,
+    write_rounds: int,
+) -> dict[str, Any]:
+    shape = Shape(runs)
+    active = [run_id(i) for i in shape.active_indexes()]
+    now = datetime.now(UTC)
+    one = _registration(runs, -1)
+    checks: list[
+        tuple[
+            Callable[[AsyncRunProjection], Awaitable[object]],
+            Callable[[RawAsyncDriver], Awaitable[object]],
+        ]
+    ] = [
+        (lambda p: p.insert_start(_start(-1), now), lambda r: r.insert_start(_start(-1), now)),
+        (
+            lambda p: p.update_node(active[0], RunState.RUNNING, "build", "v"),
+            lambda r: r.update_node(active[0], RunState.RUNNING, "build", "v"),
+        ),
+        (lambda p: p.get_run(active[0]), lambda r: r.get_run(active[0])),
+        (lambda p: p.register_node_session(one), lambda r: r.register_node_session(one)),
+    ]
+    statements = 0
+    for layer_call, raw_call in checks:
+        statements += len(
+            await verify_same_sql_async(driver, target.url, target.conninfo, layer_call, raw_call)
+        )
+
+    engine = create_async_engine(async_url(target.url, driver))
+    projection = AsyncRunProjection(engine)
+    raw = await open_raw(driver, target.url, target.conninfo)
+    try:
+        if await raw.get_run(active[0]) != await projection.get_run(active[0]):
+            raise AssertionError("the raw mapping differs from the layer's")
+        results: dict[str, Any] = {"driver": driver, "statements_checked": statements}
+        results["insert_start"] = await _alternate_async(
+            write_rounds,
+            write_block,
+            lambda k: projection.insert_start(_start(k), datetime.now(UTC)),
+            lambda k: raw.insert_start(_start(k), datetime.now(UTC)),
+        )
+        results["update_node"] = await _alternate_async(
+            write_rounds,
+            write_block,
+            lambda k: projection.update_node(
+                active[k % len(active)], RunState.RUNNING, "build", f"v-{k}"
+            ),
+            lambda k: raw.update_node(active[k % len(active)], RunState.RUNNING, "build", f"v-{k}"),
+        )
+        results["get_run"] = await _alternate_async(
+            rounds,
+            block,
+            lambda k: projection.get_run(run_id((k * 7_919) % runs)),
+            lambda k: raw.get_run(run_id((k * 7_919) % runs)),
+        )
+        results["register_node_session"] = await _alternate_async(
+            write_rounds,
+            write_block,
+            lambda k: projection.register_node_session(_registration(runs, k)),
+            lambda k: raw.register_node_session(_registration(runs, k)),
+        )
+    finally:
+        await raw.close()
+        await engine.dispose()
+    return results
+
+
+# ------------------------------------------- 6. 64 tasks on PostgreSQL ---
+
+
+class Work(Protocol):
+    """What each task calls: AsyncRunProjection or a raw pool."""
+
+    async def get_run(self, run_id: str) -> Run: ...
+    async def update_node(self, run_id: str, state: RunState, node: str, visit_id: str) -> None: ...
+
+
+async def _heartbeat(stop: asyncio.Event, stalls: list[float]) -> None:
+    """Sleep 1 ms again and again; record how much later than asked each wake-up came."""
+    while not stop.is_set():
+        before = time.perf_counter()
+        await asyncio.sleep(HEARTBEAT_S)
+        stalls.append(time.perf_counter() - before - HEARTBEAT_S)
+
+
+@dataclass(frozen=True, slots=True)
+class TaskRun:
+    calls_per_s: float
+    cpu_us: float  # the process's CPU time per call
+    max_stall_ms: float  # the heartbeat's longest delay beyond 1 ms
+    p99_stall_ms: float
+
+
+async def _drive_tasks(work: Work, assigned: list[str], seconds: float, label: str) -> TaskRun:
+    """len(*assigned*) tasks, each looping get_run + update_node on its own run for
+    *seconds*, beside a 1 ms heartbeat task."""
+    stop = asyncio.Event()
+    calls = [0]
+    stalls: list[float] = []
+
+    async def worker(number: int, rid: str) -> None:
+        for k in itertools.count():
+            if stop.is_set():
+                return
+            await work.get_run(rid)
+            await work.update_node(rid, RunState.RUNNING, "build", f"{label}-{number}-{k}")
+            calls[0] += 2
+
+    heartbeat = asyncio.create_task(_heartbeat(stop, stalls))
+    started = time.perf_counter()
+    cpu = time.process_time()
+    workers = [asyncio.create_task(worker(n, rid)) for n, rid in enumerate(assigned)]
+    await asyncio.sleep(seconds)
+    stop.set()
+    await asyncio.gather(*workers)
+    elapsed = time.perf_counter() - started
+    cpu = time.process_time() - cpu
+    await heartbeat
+    stalls.sort()
+    return TaskRun(
+        calls_per_s=calls[0] / elapsed,
+        cpu_us=_us(cpu * 1e9 / max(calls[0], 1)),
+        max_stall_ms=stalls[-1] * 1000 if stalls else 0.0,
+        p99_stall_ms=stalls[int(len(stalls) * 0.99)] * 1000 if stalls else 0.0,
+    )
+
+
+def _drive_threads(
+    projection: RunProjection, assigned: list[str], threads: int, seconds: float
+) -> tuple[float, float]:
+    """*threads* threads looping get_run + update_node (each on its share of the runs);
+    returns (calls per second, CPU µs per call)."""
+    stop = threading.Event()
+    counts = [0] * threads
+    errors: list[BaseException] = []
+    barrier = threading.Barrier(threads + 1)
+
+    def worker(number: int) -> None:
+        mine = assigned[number::threads]
+        barrier.wait()
+        try:
+            for k in itertools.count():
+                if stop.is_set():
+                    return
+                rid = mine[k % len(mine)]
+                projection.get_run(rid)
+                projection.update_node(rid, RunState.RUNNING, "build", f"sync-{number}-{k}")
+                counts[number] += 2
+        except BaseException as exc:
+            errors.append(exc)
+
+    pool = [threading.Thread(target=worker, args=(n,)) for n in range(threads)]
+    for thread in pool:
+        thread.start()
+    barrier.wait()
+    started = time.perf_counter()
+    cpu = time.process_time()
+    time.sleep(seconds)
+    stop.set()
+    for thread in pool:
+        thread.join()
+    elapsed = time.perf_counter() - started
+    cpu = time.process_time() - cpu
+    if errors:
+        raise errors[0]
+    return sum(counts) / elapsed, _us(cpu * 1e9 / max(sum(counts), 1))
+
+
+def async_concurrency(
+    target: Target,
+    runs: int,
+    tasks: int,
+    pool_size: int,
+    threads: int,
+    rounds: int,
+    seconds: float,
+) -> dict[str, Any]:
+    return asyncio.run(_async_concurrency(target, runs, tasks, pool_size, threads, rounds, seconds))
+
+
+async def _async_concurrency(
+    target: Target,
+    runs: int,
+    tasks: int,
+    pool_size: int,
+    threads: int,
+    rounds: int,
+    seconds: float,
+) -> dict[str, Any]:
+    shape = Shape(runs)
+    active = [run_id(i) for i in shape.active_indexes()]
+    assigned = [active[n % len(active)] for n in range(tasks)]  # one run per task
+    pool = {"pool_size": pool_size, "max_overflow": 0}
+    engines = {
+        driver: create_async_engine(async_url(target.url, driver), **pool)
+        for driver in ("psycopg", "asyncpg")
+    }
+    contenders: dict[str, Work] = {
+        f"layer_{driver}": AsyncRunProjection(engine) for driver, engine in engines.items()
+    }
+    raws = {
+        driver: await RawPoolWork.open(driver, target.url, target.conninfo, pool_size)
+        for driver in ("psycopg", "asyncpg")
+    }
+    contenders.update({f"raw_{driver}": work for driver, work in raws.items()})
+    sync_engine = create_engine(target.url, **pool)
+    sync = RunProjection(sync_engine)
+    names = [*contenders, "sync_threads"]
+    throughput: dict[str, list[float]] = {name: [] for name in names}
+    cpu: dict[str, list[float]] = {name: [] for name in names}
+    stalls: dict[str, list[float]] = {name: [] for name in contenders}
+    p99: dict[str, list[float]] = {name: [] for name in contenders}
+
+    async def one(name: str, duration: float) -> None:
+        if name == "sync_threads":
+            rate, used = await asyncio.to_thread(_drive_threads, sync, assigned, threads, duration)
+        else:
+            run = await _drive_tasks(contenders[name], assigned, duration, name)
+            rate, used = run.calls_per_s, run.cpu_us
+            stalls[name].append(run.max_stall_ms)
+            p99[name].append(run.p99_stall_ms)
+        throughput[name].append(rate)
+        cpu[name].append(used)
+
+    try:
+        for name in names:  # warm-up: every connection opened, statements compiled
+            await one(name, min(seconds, 0.3))
+        for values in (*throughput.values(), *cpu.values(), *stalls.values(), *p99.values()):
+            values.clear()
+        for round_number in range(rounds):
+            shift = round_number % len(names)
+            for name in names[shift:] + names[:shift]:
+                await one(name, seconds)
+    finally:
+        for work in raws.values():
+            await work.close()
+        for engine in engines.values():
+            await engine.dispose()
+        sync_engine.dispose()
+
+    results: dict[str, Any] = {
+        "tasks": tasks,
+        "pool_size": pool_size,
+        "threads": threads,
+        "rounds": rounds,
+        "seconds": seconds,
+        "calls_per_s": {name: statistics.median(v) for name, v in throughput.items()},
+        "all_calls_per_s": throughput,
+        "cpu_us_per_call": {name: statistics.median(v) for name, v in cpu.items()},
+        "max_stall_ms": {name: max(v) for name, v in stalls.items()},
+        "p99_stall_ms": {name: max(v) for name, v in p99.items()},
+    }
+    rates = results["calls_per_s"]
+    for driver in ("psycopg", "asyncpg"):
+        results[f"{driver}_vs_raw"] = rates[f"layer_{driver}"] / rates[f"raw_{driver}"]
+        results[f"{driver}_vs_sync"] = rates[f"layer_{driver}"] / rates["sync_threads"]
+    return results
+
+
+# ------------------------------------------- 7. pooler-safe defaults ---
+
+
+def pooler_cost(
+    target: Target, runs: int, rounds: int, block: int, write_block: int, write_rounds: int
+) -> dict[str, Any]:
+    """Layer with its defaults ("layer") against the driver's own defaults ("raw" slot)."""
+    shape = Shape(runs)
+    active = [run_id(i) for i in shape.active_indexes()]
+    safe = RunProjection(create_engine(target.url))
+    prepared = RunProjection(create_engine(target.url, connect_args=dict(PSYCOPG_DEFAULT)))
+    psycopg_results: dict[str, Any] = {}
+    try:
+        for name, calls, count, size in _workloads(
+            shape, active, rounds, block, write_block, write_rounds
+        ):
+            psycopg_results[name] = _renamed(_alternate(count, size, calls(safe), calls(prepared)))
+    finally:
+        safe.engine.dispose()
+        prepared.engine.dispose()
+    return {
+        "psycopg": psycopg_results,
+        "asyncpg": asyncio.run(
+            _asyncpg_cost(target, shape, active, rounds, block, write_block, write_rounds)
+        ),
+    }
+
+
+def _renamed(measured: dict[str, float]) -> dict[str, float]:
+    return {
+        "default_us": measured["layer_us"],
+        "driver_default_us": measured["raw_us"],
+        "ratio": measured["ratio"],
+    }
+
+
+Calls = Callable[[Any], Callable[[int], Any]]
+
+
+def _workloads(
+    shape: Shape, active: list[str], rounds: int, block: int, write_block: int, write_rounds: int
+) -> list[tuple[str, Calls, int, int]]:
+    """(operation, projection -> call of k, blocks, calls per block) for either facade."""
+    runs = shape.runs
+    return [
+        (
+            "insert_start",
+            lambda p: lambda k: p.insert_start(_start(k), datetime.now(UTC)),
+            write_rounds,
+            write_block,
+        ),
+        (
+            "update_node",
+            lambda p: (
+                lambda k: p.update_node(
+                    active[k % len(active)], RunState.RUNNING, "build", f"v-{k}"
+                )
+            ),
+            write_rounds,
+            write_block,
+        ),
+        ("get_run", lambda p: lambda k: p.get_run(run_id((k * 7_919) % runs)), rounds, block),
+        (
+            "register_node_session",
+            lambda p: lambda k: p.register_node_session(_registration(runs, k)),
+            write_rounds,
+            write_block,
+        ),
+    ]
+
+
+async def _asyncpg_cost(
+    target: Target,
+    shape: Shape,
+    active: list[str],
+    rounds: int,
+    block: int,
+    write_block: int,
+    write_rounds: int,
+) -> dict[str, Any]:
+    url = async_url(target.url, "asyncpg")
+    safe_engine = create_async_engine(url)
+    cached_engine = create_async_engine(url, connect_args=dict(ASYNCPG_DEFAULT))
+    safe, cached = AsyncRunProjection(safe_engine), AsyncRunProjection(cached_engine)
+    results: dict[str, Any] = {}
+    try:
+        for name, calls, count, size in _workloads(
+            shape, active, rounds, block, write_block, write_rounds
+        ):
+            results[name] = _renamed(
+                await _alternate_async(count, size, calls(safe), calls(cached))
+            )
+    finally:
+        await safe_engine.dispose()
+        await cached_engine.dispose()
+    return results
