@@ -49,7 +49,11 @@ DEFAULT_POSTGRES_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
 # runs for a later one to trip over.
 TEST_DATABASE = f"relay_fp_test_{uuid.uuid4().hex[:12]}"
 DIALECTS = ("sqlite", "postgresql")
-ROUTES = ("direct", "pgbouncer")
+# How PostgreSQL is reached; RELAY_FLOW_TEST_ROUTES=direct leaves PgBouncer out
+# (.ci/run's run on the lowest declared versions does).
+ROUTES = tuple(os.environ.get("RELAY_FLOW_TEST_ROUTES", "direct,pgbouncer").split(","))
+if not set(ROUTES) <= {"direct", "pgbouncer"}:
+    raise ValueError(f"RELAY_FLOW_TEST_ROUTES: direct and/or pgbouncer, not {ROUTES}")
 
 
 def _admin_url() -> sa.URL:
@@ -218,13 +222,17 @@ def facade(request: pytest.FixtureRequest) -> str:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """asyncpg and PgBouncer are PostgreSQL's: drop their SQLite combinations, not skip them."""
+    """asyncpg and PgBouncer are PostgreSQL's: drop their SQLite combinations, not skip them.
+
+    Also drops the routes RELAY_FLOW_TEST_ROUTES leaves out, where a test names its own.
+    """
     keep, drop = [], []
     for item in items:
         params = getattr(item, "callspec", None)
         chosen = params.params if params is not None else {}
         postgresql_only = chosen.get("facade") == "asyncpg" or chosen.get("route") == "pgbouncer"
-        if postgresql_only and chosen.get("dialect", "postgresql") == "sqlite":
+        left_out = "route" in chosen and chosen["route"] not in ROUTES
+        if left_out or (postgresql_only and chosen.get("dialect", "postgresql") == "sqlite"):
             drop.append(item)
         else:
             keep.append(item)
