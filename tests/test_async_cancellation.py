@@ -28,7 +28,9 @@ from relay_flow_projection import (
 )
 
 RUNS = 8
-CALLS = 400
+# Calls go on, 8 at a time, until this many were cancelled (at most MAX_CALLS).
+CANCELLATIONS = 200
+MAX_CALLS = 2000
 
 
 def _start(run_id: str) -> RunStart:
@@ -43,8 +45,20 @@ def _start(run_id: str) -> RunStart:
     )
 
 
-async def _cancel_storm(projection: AsyncRunProjection, seed: int) -> tuple[int, int]:
-    """CALLS calls, most of them cancelled somewhere; returns (cancelled, completed)."""
+async def _call_duration(projection: AsyncRunProjection) -> float:
+    """The median time of one update_node here and now: cancellation delays are
+    drawn in multiples of it, so they fall inside calls on a fast machine and a
+    slow one alike."""
+    durations = []
+    for index in range(15):
+        started = time.perf_counter()
+        await projection.update_node("r0", "running", "n0", f"v-calibrate-{index}")
+        durations.append(time.perf_counter() - started)
+    return sorted(durations)[len(durations) // 2]
+
+
+async def _cancel_storm(projection: AsyncRunProjection, seed: int, unit: float) -> tuple[int, int]:
+    """Calls until CANCELLATIONS were cancelled somewhere in them; (cancelled, completed)."""
     rng = random.Random(seed)
     cancelled = completed = 0
 
@@ -58,15 +72,17 @@ async def _cancel_storm(projection: AsyncRunProjection, seed: int) -> tuple[int,
         else:
             await projection.update_node(run_id, "running", node, f"v{index}")
 
-    for batch in range(CALLS // 8):
+    for batch in range(MAX_CALLS // 8):
+        if cancelled >= CANCELLATIONS:
+            break
         tasks = [asyncio.create_task(one(batch * 8 + slot)) for slot in range(8)]
         # Cancel some tasks directly after a random delay, time out the rest.
-        await asyncio.sleep(rng.random() * 0.004)
+        await asyncio.sleep(rng.random() * 4 * unit)
         for task in tasks[: rng.randrange(0, 5)]:
             task.cancel()
         for task in tasks:
             try:
-                await asyncio.wait_for(task, timeout=rng.random() * 0.006)
+                await asyncio.wait_for(task, timeout=rng.random() * 6 * unit)
                 completed += 1
             except (asyncio.CancelledError, TimeoutError):
                 cancelled += 1
@@ -96,7 +112,8 @@ def test_random_cancellations_leave_no_partial_write_or_held_resource(
             for index in range(RUNS):
                 await projection.insert_start(_start(f"r{index}"), FakeClock().now)
                 await projection.update_node(f"r{index}", "running", "n0", "v-initial")
-            cancelled, completed = await _cancel_storm(projection, seed=len(target))
+            unit = await _call_duration(projection)
+            cancelled, completed = await _cancel_storm(projection, len(target), unit)
             await asyncio.sleep(0.05)  # cancelled cleanups (rollback, check-in) finish
             pool: Any = engine.sync_engine.pool
             checked_out = pool.checkedout()
@@ -122,7 +139,7 @@ def test_random_cancellations_leave_no_partial_write_or_held_resource(
             await engine.dispose()
 
     result = asyncio.run(scenario())
-    assert result["cancelled"] >= 100, result
+    assert result["cancelled"] >= CANCELLATIONS, result
     assert result["mismatched"] == []
     assert result["checked_out"] == 0
     assert result["write_after"] < 2.0, result
