@@ -136,6 +136,38 @@ POSTGRESQL = {
 }
 
 
+def sqlite_start_params(start: RunStart, now: datetime) -> tuple[Any, ...]:
+    """insert_start's positional parameters on SQLite (timestamps as the layer stores them)."""
+    stamp = to_storage_text(now.astimezone(UTC))
+    return (
+        start.id,
+        start.logical_id or start.id,
+        start.attempt_id or 1,
+        start.repo,
+        start.workflow,
+        start.ticket_id,
+        start.ticket_key,
+        RunState.STARTING.value,
+        stamp,
+        stamp,
+    )
+
+
+def postgres_start_params(start: RunStart, now: datetime) -> dict[str, Any]:
+    """insert_start's named parameters on PostgreSQL."""
+    return {
+        "id": start.id,
+        "logical_run_id": start.logical_id or start.id,
+        "attempt_id": start.attempt_id or 1,
+        "repo": start.repo,
+        "workflow": start.workflow,
+        "ticket_id": start.ticket_id,
+        "ticket_key": start.ticket_key,
+        "state": RunState.STARTING.value,
+        "now": now.astimezone(UTC),
+    }
+
+
 def _utc_now() -> datetime:
     return datetime.now(UTC)
 
@@ -190,19 +222,7 @@ class RawSQLite:
             return result
 
     def insert_start(self, start: RunStart, now: datetime) -> None:
-        stamp = to_storage_text(now.astimezone(UTC))
-        params = (
-            start.id,
-            start.logical_id or start.id,
-            start.attempt_id or 1,
-            start.repo,
-            start.workflow,
-            start.ticket_id,
-            start.ticket_key,
-            RunState.STARTING.value,
-            stamp,
-            stamp,
-        )
+        params = sqlite_start_params(start, now)
         self._write(lambda c: c.execute(SQLITE["insert_start"], params))
 
     def update_node(self, run_id: str, state: RunState, node: str, visit_id: str) -> None:
@@ -301,17 +321,7 @@ class RawPostgres:
         return result
 
     def insert_start(self, start: RunStart, now: datetime) -> None:
-        params = {
-            "id": start.id,
-            "logical_run_id": start.logical_id or start.id,
-            "attempt_id": start.attempt_id or 1,
-            "repo": start.repo,
-            "workflow": start.workflow,
-            "ticket_id": start.ticket_id,
-            "ticket_key": start.ticket_key,
-            "state": RunState.STARTING.value,
-            "now": now.astimezone(UTC),
-        }
+        params = postgres_start_params(start, now)
         self._write(lambda c: c.execute(POSTGRESQL["insert_start"], params))
 
     def update_node(self, run_id: str, state: RunState, node: str, visit_id: str) -> None:

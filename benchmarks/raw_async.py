@@ -50,6 +50,8 @@ from .raw import (
     _postgres_row_to_run,
     _sqlite_row_to_run,
     _utc_now,
+    postgres_start_params,
+    sqlite_start_params,
 )
 
 DRIVERS = ("aiosqlite", "psycopg", "asyncpg")
@@ -151,19 +153,7 @@ class RawAiosqlite:
             return await cursor.fetchone()
 
     async def insert_start(self, start: RunStart, now: datetime) -> None:
-        stamp = to_storage_text(now.astimezone(UTC))
-        params = (
-            start.id,
-            start.logical_id or start.id,
-            start.attempt_id or 1,
-            start.repo,
-            start.workflow,
-            start.ticket_id,
-            start.ticket_key,
-            RunState.STARTING.value,
-            stamp,
-            stamp,
-        )
+        params = sqlite_start_params(start, now)
 
         async def work(c: aiosqlite.Connection) -> None:
             await c.execute(SQLITE["insert_start"], params)
@@ -257,7 +247,7 @@ class RawPsycopgAsync:
         return result
 
     async def insert_start(self, start: RunStart, now: datetime) -> None:
-        params = _start_params(start, now)
+        params = postgres_start_params(start, now)
 
         async def work(c: PsycopgConnection) -> None:
             await c.execute(POSTGRESQL["insert_start"], params)
@@ -293,20 +283,6 @@ class RawPsycopgAsync:
             return bool(cursor.rowcount == 1)
 
         return bool(await self._write(work))
-
-
-def _start_params(start: RunStart, now: datetime) -> dict[str, Any]:
-    return {
-        "id": start.id,
-        "logical_run_id": start.logical_id or start.id,
-        "attempt_id": start.attempt_id or 1,
-        "repo": start.repo,
-        "workflow": start.workflow,
-        "ticket_id": start.ticket_id,
-        "ticket_key": start.ticket_key,
-        "state": RunState.STARTING.value,
-        "now": now.astimezone(UTC),
-    }
 
 
 def _node_params(
@@ -400,7 +376,7 @@ class RawAsyncpg:
         c = self.connection
         async with c.transaction():
             await c.execute(SET_LOCK_TIMEOUT)
-            await asyncpg_execute(c, "insert_start", _start_params(start, now))
+            await asyncpg_execute(c, "insert_start", postgres_start_params(start, now))
 
     async def update_node(self, run_id: str, state: RunState, node: str, visit_id: str) -> None:
         params = _node_params(run_id, state, node, visit_id, self.clock())
