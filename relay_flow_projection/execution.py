@@ -212,10 +212,21 @@ def _translate_driver_error(
         or sqlstate in _SQLSTATES_UNAVAILABLE
         or (isinstance(sqlstate, str) and sqlstate.startswith("08"))
         # psycopg reports refused, timed-out and closed connections without a SQLSTATE
-        or (sqlstate is None and isinstance(exc, OperationalError | InterfaceError))
+        or (sqlstate is None and _connection_failure(exc, orig))
     ):
         return DatabaseUnavailable(f"{subject}: the database is unavailable: {text}")
     return ProjectionError(f"{subject}: {text}")
+
+
+def _connection_failure(exc: BaseException, orig: Any) -> bool:
+    """An OperationalError or InterfaceError: SQLAlchemy's wrapper, or psycopg's own
+    when nothing wrapped it (cli/quick_revision connects with psycopg alone)."""
+    if isinstance(exc, OperationalError | InterfaceError):
+        return True
+    psycopg = sys.modules.get("psycopg")
+    return psycopg is not None and isinstance(
+        orig, (psycopg.OperationalError, psycopg.InterfaceError)
+    )
 
 
 def _schema_out_of_date(subject: str) -> SchemaOutOfDate:

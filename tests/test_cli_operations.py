@@ -31,7 +31,7 @@ from test_query_plans import (
 
 from relay_flow_projection import RunFilter, RunProjection, create_engine, upgrade
 from relay_flow_projection.cli.durations import parse_duration
-from relay_flow_projection.cli.sqlite_revision import chain, sqlite_path
+from relay_flow_projection.cli.quick_revision import chain, postgresql_connection, sqlite_path
 from relay_flow_projection.migrate import head_revision, script_directory
 from relay_flow_projection.schema import node_runtime, runs
 
@@ -483,7 +483,7 @@ def test_the_quick_chain_is_alembics() -> None:
 
 # --------------------------------- `current` without SQLAlchemy: equivalence ---
 #
-# sqlite_revision answers `current` on a plain SQLite file with the standard
+# quick_revision answers `current` on a plain SQLite file with the standard
 # library only, or steps aside for the full path (SQLAlchemy + Alembic). Every
 # case below runs `current` and `current --json` both ways, each on a fresh copy
 # of the same files, and the two must print the same thing, exit alike and
@@ -604,14 +604,22 @@ STEPPED_ASIDE = {
 def _current_both_ways(
     directory: Path, target: str, monkeypatch: pytest.MonkeyPatch
 ) -> tuple[list[tuple[int, str, str]], list[tuple[int, str, str]], bool]:
-    """`current` and `current --json` in *directory*, the quick way then the full way."""
-    from relay_flow_projection.cli import sqlite_revision
+    """`current` and `current --json` in *directory*, the quick way then the full way.
 
-    quick = sqlite_revision.quick_revision
+    The third value: whether the quick path answered (or raised) every time
+    instead of stepping aside.
+    """
+    from relay_flow_projection.cli import quick_revision
+
+    quick = quick_revision.quick_revision
     answered: list[bool] = []
 
     def spy(given: str) -> tuple[str, str, str] | None:
-        found = quick(given)
+        try:
+            found = quick(given)
+        except Exception:
+            answered.append(True)
+            raise
         answered.append(found is not None)
         return found
 
@@ -621,9 +629,9 @@ def _current_both_ways(
         results = [invoke("--db", target, "current", *extra) for extra in ([], ["--json"])]
         return [(r.exit_code, r.stdout, r.stderr) for r in results]
 
-    monkeypatch.setattr(sqlite_revision, "quick_revision", spy)
+    monkeypatch.setattr(quick_revision, "quick_revision", spy)
     quick_outputs = outputs()
-    monkeypatch.setattr(sqlite_revision, "quick_revision", lambda _target: None)
+    monkeypatch.setattr(quick_revision, "quick_revision", lambda _target: None)
     full_outputs = outputs()
     return quick_outputs, full_outputs, all(answered)
 
@@ -706,3 +714,150 @@ def test_sqlite_path_takes_only_plain_targets(target: str, path: Path | None) ->
         from relay_flow_projection.engine import resolve_target
 
         assert resolve_target(target).path == path  # the same file the full path opens
+
+
+# ------------------------- `current` without SQLAlchemy on PostgreSQL ---
+#
+# A plain PostgreSQL URL is answered with psycopg alone. The URL it prints and
+# the connection arguments it uses are SQLAlchemy's own (first test); the
+# scenarios then hold the two paths to the same output, as for SQLite.
+
+
+@pytest.mark.parametrize(
+    "target",
+    [
+        "postgresql://postgres@127.0.0.1:5432/relay",
+        "postgresql+psycopg://postgres@127.0.0.1/relay",
+        "postgresql://relay_user:s3cret~x.y@db-1.internal:6432/relay_projection",
+        "postgresql://postgres@127.0.0.1:5432/relay?options=-csearch_path%3Dt_1",
+        "postgresql://postgres@127.0.0.1:5432/relay?options=-csearch_path%3dt_1",
+        "postgresql://postgres@127.0.0.1:5432/relay?options=-c%20search_path%3Dt_1",
+    ],
+)
+def test_the_quick_postgresql_url_is_sqlalchemys(target: str) -> None:
+    from relay_flow_projection.engine import (
+        DEFAULT_CONNECT_TIMEOUT,
+        _postgresql_connect_args,
+        resolve_target,
+    )
+
+    found = postgresql_connection(target)
+    assert found is not None
+    shown, arguments = found
+    url = resolve_target(target).url
+    assert shown == resolve_target(target).describe()
+    engine = sa.create_engine(url)  # builds the dialect; connects to nothing
+    _, dialect_arguments = engine.dialect.create_connect_args(url)
+    expected = _postgresql_connect_args("psycopg", DEFAULT_CONNECT_TIMEOUT, dict(dialect_arguments))
+    del expected["context"]  # SQLAlchemy's type adapters: nothing about where to connect
+    assert {k: str(v) for k, v in arguments.items() if v is not None} == {
+        k: str(v) for k, v in expected.items() if v is not None
+    }
+    assert arguments["prepare_threshold"] is None is expected["prepare_threshold"]
+
+
+@pytest.mark.parametrize(
+    "target",
+    [
+        "postgresql+asyncpg://postgres@127.0.0.1/relay",
+        "postgresql://postgres@/relay",  # Unix socket
+        "postgresql://postgres@127.0.0.1/",
+        "postgresql://postgres@127.0.0.1:0/relay",
+        "postgresql://postgres@127.0.0.1:05432/relay",
+        "postgresql://postgres@127.0.0.1:99999/relay",
+        "postgresql://postgres@127.0.0.1:notaport/relay",
+        "postgresql://p%40ss@127.0.0.1/relay",
+        "postgresql://postgres:p%40ss@127.0.0.1/relay",
+        "postgresql://postgres@[::1]/relay",
+        "postgresql://postgres@127.0.0.1/re%20lay",
+        "postgresql://postgres@127.0.0.1/relay?sslmode=require",
+        "postgresql://postgres@127.0.0.1/relay?options=a+b",
+        "postgresql://postgres@127.0.0.1/relay?options=%00",
+        "postgresql://postgres@127.0.0.1/relay?options=x&options=y",
+        "postgres://postgres@127.0.0.1/relay",
+    ],
+)
+def test_other_postgresql_urls_take_the_full_path(target: str) -> None:
+    assert postgresql_connection(target) is None
+
+
+def _pg_upgrade(url: str, revision: str = "head") -> None:
+    upgrade(url, revision)
+
+
+def _pg_set_versions(url: str, *versions: str) -> None:
+    _pg_upgrade(url)
+    engine = sa.create_engine(url.replace("postgresql://", "postgresql+psycopg://", 1))
+    with engine.begin() as connection:
+        connection.exec_driver_sql("DELETE FROM alembic_version")
+        for version in versions:
+            connection.execute(sa.text("INSERT INTO alembic_version VALUES (:v)"), {"v": version})
+    engine.dispose()
+
+
+def _pg_downgraded_to_base(url: str) -> None:
+    from relay_flow_projection.migrate import run_downgrade
+
+    _pg_upgrade(url)
+    run_downgrade(url, "base")
+
+
+PG_SCENARIOS: dict[str, Any] = {
+    "head": _pg_upgrade,
+    "older": lambda url: _pg_upgrade(url, "0003_generation_3"),
+    "downgraded-to-base": _pg_downgraded_to_base,
+    "unversioned": lambda url: None,
+    "newer-release": lambda url: _pg_set_versions(url, "0099_from_the_future"),
+    "shared-version-table": lambda url: _pg_set_versions(url, head_revision(), "app_0001"),
+}
+# Where the quick path answers by itself: the revision, and whether it is the head.
+PG_QUICK = {"head": "(head)", "older": "0003_generation_3 (not at head"}
+
+
+@pytest.mark.parametrize("scenario", sorted(PG_SCENARIOS))
+@pytest.mark.parametrize("password", [False, True], ids=["no-password", "password"])
+def test_current_on_postgresql_prints_the_same_with_and_without_sqlalchemy(
+    scenario: str,
+    password: bool,
+    postgres_url: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    PG_SCENARIOS[scenario](postgres_url)
+    target = (
+        postgres_url.replace("postgres@", "postgres:any-password@", 1) if password else postgres_url
+    )
+    quick, full, answered = _current_both_ways(tmp_path, target, monkeypatch)
+    assert quick == full
+    assert answered is (scenario in PG_QUICK)
+    if scenario in PG_QUICK:
+        code, stdout, _ = quick[0]
+        assert code == 0, quick
+        assert PG_QUICK[scenario] in stdout
+        assert ("postgres:***@" in stdout) is password
+        assert json.loads(quick[1][1])["database"] == stdout.split(": ")[0]
+
+
+@pytest.mark.parametrize("unreachable", ["refused", "no-such-database"])
+def test_current_on_an_unreachable_postgresql_fails_alike_both_ways(
+    unreachable: str, postgres_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    url = sa.make_url(postgres_url)
+    if unreachable == "refused":
+        url = url.set(port=1)
+    else:
+        url = url.set(database=f"relay_no_such_db_{tmp_path.name[-8:]}")
+    target = url.render_as_string(hide_password=False)
+    quick, full, answered = _current_both_ways(tmp_path, target, monkeypatch)
+    assert quick == full
+    assert answered  # reported by the quick path itself: one connect, not two
+    code, _, stderr = quick[0]
+    assert code == 1, quick
+    assert "the database is unavailable" in stderr
+
+
+def test_current_on_postgresql_imports_neither_sqlalchemy_nor_alembic(postgres_url: str) -> None:
+    upgrade(postgres_url)
+    out, seen = probe("--db", postgres_url, "current")
+    assert seen == {"code": 0, "heavy": []}
+    assert out.endswith(f": {head_revision()} (head)\n")

@@ -94,8 +94,8 @@ def read_revision(target: str, *, missing_ok: bool = False) -> Revision:
 
 def read_revision_quickly(target: str) -> Revision:
     """read_revision, answered without SQLAlchemy or Alembic when a plain SQLite file
-    allows it (sqlite_revision: ``current`` starts in well under 0.3 s)."""
-    from .sqlite_revision import quick_revision
+    or PostgreSQL URL allows it (quick_revision: ``current`` starts in well under 0.3 s)."""
+    from .quick_revision import quick_revision
 
     found = quick_revision(target)
     return read_revision(target) if found is None else Revision(*found)
