@@ -225,7 +225,9 @@ def upgrade() -> None:
         # No reads in a printed script: one statement per table.
         with op.get_context().autocommit_block():
             for table in (runs, *CHILDREN):
-                op.execute(sa.update(table).values(_repairs(table, False)))
+                values = _repairs(table, False)
+                if values:  # an UPDATE without SET is not SQL (it was printed until 2026-12)
+                    op.execute(sa.update(table).values(values))
         return
     sqlite = bind.dialect.name == "sqlite"
     if sqlite:
