@@ -16,7 +16,11 @@ those cases skip, and fail under ``CI=true``.
 
 from __future__ import annotations
 
+import io
 import os
+import shutil
+import sqlite3
+import tempfile
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -26,6 +30,7 @@ from typing import Any, cast
 
 import pytest
 import sqlalchemy as sa
+from alembic import command as alembic_command
 from alembic.config import Config as AlembicConfig
 from async_adapter import BlockingAsyncProjection, LoopThread
 from fakes import FakeClock
@@ -42,6 +47,7 @@ from relay_flow_projection import (
 )
 from relay_flow_projection.engine import build_engine, resolve_target
 from relay_flow_projection.migrate import alembic_config as migration_config
+from relay_flow_projection.schema import metadata as schema_metadata
 
 DEFAULT_POSTGRES_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
 # A database of this session's own (a schema per test inside it), dropped at
@@ -116,6 +122,15 @@ class PostgresSchemas:
             return self._pgbouncer().alias(schema, schema)
         url = base.update_query_dict({"options": f"-csearch_path={schema}"})
         return url.render_as_string(hide_password=False)
+
+    def schema_of(self, url: str) -> str:
+        """The schema a URL of new_url() reaches, directly or through PgBouncer."""
+        parsed = make_url(url)
+        options = parsed.query.get("options")
+        if isinstance(options, str) and options.startswith("-csearch_path="):
+            return options.removeprefix("-csearch_path=")
+        assert parsed.database in self.created, url  # a PgBouncer alias is named after it
+        return parsed.database
 
     def direct_url(self, url: str) -> str:
         """The direct URL of the schema a PgBouncer URL of new_url() reaches."""
@@ -193,9 +208,66 @@ def postgres_url(postgres_schemas: PostgresSchemas) -> str:
 
 
 @pytest.fixture
-def migrated_url(db_url: str) -> str:
-    upgrade(db_url)
+def migrated_url(db_url: str, dialect: str, postgres_schemas: PostgresSchemas) -> str:
+    """*db_url* at head, built from the chain without running it once per test
+    (head_database below)."""
+    if dialect == "postgresql":
+        replay_head_ddl(postgres_schemas.schema_of(db_url))
+    else:
+        copy_head_sqlite(Path(db_url))
     return db_url
+
+
+# ------------------------------------------------------------ databases at head ---
+# Running the Alembic chain for each of the suite's thousands of tests was most of
+# its time. The functional suite takes its database at head from the chain's own
+# output instead: on SQLite a byte copy of a file the chain brought to head (once
+# per worker), on PostgreSQL the chain's DDL as `alembic upgrade head --sql`
+# prints it, replayed in the test's schema in one round trip. test_migrations.py
+# holds both equal to a database the chain migrated online; the migration,
+# adoption, CLI and deploy tests run the chain itself.
+
+
+@cache
+def _sqlite_head_bytes() -> bytes:
+    directory = Path(tempfile.mkdtemp(prefix="relay-head-"))
+    path = directory / "head.db"
+    upgrade(str(path))
+    with sqlite3.connect(path) as connection:  # everything in the main file
+        connection.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    connection.close()
+    data = path.read_bytes()
+    shutil.rmtree(directory)
+    return data
+
+
+def copy_head_sqlite(path: Path) -> None:
+    """A SQLite file at head at *path* (created 0600, as the library creates its files)."""
+    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(descriptor, "wb") as handle:
+        handle.write(_sqlite_head_bytes())
+
+
+@cache
+def postgresql_head_ddl() -> str:
+    """The chain's PostgreSQL DDL up to head, as ``alembic upgrade head --sql`` prints it."""
+    config = migration_config(DEFAULT_POSTGRES_URL)
+    config.output_buffer = io.StringIO()
+    alembic_command.upgrade(config, "head", sql=True)
+    return config.output_buffer.getvalue()
+
+
+def replay_head_ddl(schema: str) -> None:
+    """Bring the empty *schema* of the test database to head with postgresql_head_ddl()."""
+    engine = sa.create_engine(
+        postgres_database_url(), isolation_level="AUTOCOMMIT", poolclass=NullPool
+    )
+    try:
+        with engine.connect() as connection:
+            connection.exec_driver_sql(f'SET search_path TO "{schema}"')
+            connection.exec_driver_sql(postgresql_head_ddl())
+    finally:
+        engine.dispose()
 
 
 @pytest.fixture
@@ -295,10 +367,11 @@ def table_rows(engine: Engine) -> Callable[[str], list[tuple[object, ...]]]:
     """Raw rows of one table, ordered, for asserting 'nothing changed'."""
 
     def read(table: str) -> list[tuple[object, ...]]:
-        metadata = sa.MetaData()
-        reflected = sa.Table(table, metadata, autoload_with=engine)
+        # Every column as the database stores it (no type processing), in key order;
+        # the key's columns come from the models (reflecting per call was slow).
+        key = ", ".join(column.name for column in schema_metadata.tables[table].primary_key)
         with engine.connect() as connection:
-            rows = connection.execute(sa.select(reflected).order_by(*reflected.primary_key))
+            rows = connection.exec_driver_sql(f"SELECT * FROM {table} ORDER BY {key}")
             return [tuple(row) for row in rows]
 
     return read

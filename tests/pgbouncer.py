@@ -23,6 +23,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import psycopg
 from pg_cluster import free_port
 
 # Small pools on purpose: each server connection serves many clients in turn,
@@ -65,6 +66,7 @@ class PgBouncer:
     workdir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="pgbouncer-")))
     aliases: dict[str, str] = field(default_factory=dict)
     process: subprocess.Popen[bytes] | None = None
+    _admin: psycopg.Connection[tuple[object, ...]] | None = None
 
     def start(self) -> None:
         binary = pgbouncer_binary()
@@ -108,17 +110,30 @@ class PgBouncer:
         return f"postgresql+psycopg://{self.user}@127.0.0.1:{self.port}/{database}"
 
     def admin(self, command: str) -> str:
-        """A command on PgBouncer's admin console (simple query protocol: psql)."""
-        result = subprocess.run(
-            ["psql", "-X", "-Atq", "-h", "127.0.0.1", "-p", str(self.port), "-U", self.user,
-             "-c", command, "pgbouncer"],
-            capture_output=True, text=True, timeout=30, check=False,
-        )  # fmt: skip
-        if result.returncode != 0:
-            raise RuntimeError(f"pgbouncer {command}: {result.stderr.strip()}")
-        return result.stdout
+        """A command on PgBouncer's admin console; its rows as ``psql -At`` prints them.
+
+        One connection for the session: a ``psql`` process per command cost more
+        than the rest of a test's set-up. The console speaks only the simple query
+        protocol, which psycopg's ``ClientCursor`` uses for a query without parameters.
+        """
+        if self._admin is None or self._admin.closed:
+            self._admin = psycopg.connect(
+                host="127.0.0.1", port=self.port, user=self.user, dbname="pgbouncer",
+                autocommit=True, connect_timeout=30,
+            )  # fmt: skip
+        try:
+            with psycopg.ClientCursor(self._admin) as cursor:
+                cursor.execute(command)
+                rows = cursor.fetchall() if cursor.description else []
+        except psycopg.Error as exc:
+            raise RuntimeError(f"pgbouncer {command}: {exc}") from exc
+        return "".join(
+            "|".join("" if value is None else str(value) for value in row) + "\n" for row in rows
+        )
 
     def stop(self) -> None:
+        if self._admin is not None:
+            self._admin.close()
         if self.process is not None and self.process.poll() is None:
             self.process.terminate()
             try:

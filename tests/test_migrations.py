@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
+from conftest import PostgresSchemas, copy_head_sqlite, replay_head_ddl
 from legacy_databases import schema_drift
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.pool import NullPool
@@ -498,6 +499,52 @@ def test_offline_sql_for_postgresql_touches_no_database(
     if reachable:
         with connected(postgres_url) as connection:
             assert sa.inspect(connection).get_table_names() == []
+
+
+def _catalog(url: str) -> dict[str, list[tuple[Any, ...]]]:
+    """Everything the schema is made of, with the PostgreSQL schema's name left out."""
+    with connected(url) as connection:
+        versions = connection.exec_driver_sql("SELECT version_num FROM alembic_version").all()
+        if connection.dialect.name == "sqlite":
+            objects = connection.exec_driver_sql(
+                "SELECT type, name, tbl_name, sql FROM sqlite_master ORDER BY name"
+            ).all()
+            return {"objects": [tuple(row) for row in objects], "versions": list(versions)}
+        schema = connection.exec_driver_sql("SELECT current_schema()").scalar_one()
+        queries = {
+            "columns": """SELECT table_name, ordinal_position, column_name, data_type,
+                    is_nullable, column_default FROM information_schema.columns
+                WHERE table_schema = current_schema() ORDER BY 1, 2""",
+            "constraints": """SELECT c.conrelid::regclass::text, c.conname, c.contype,
+                    pg_get_constraintdef(c.oid) FROM pg_constraint c
+                JOIN pg_namespace n ON n.oid = c.connamespace
+                WHERE n.nspname = current_schema() ORDER BY 1, 2""",
+            "indexes": """SELECT tablename, indexname, indexdef FROM pg_indexes
+                WHERE schemaname = current_schema() ORDER BY 1, 2""",
+        }
+        catalog = {
+            name: [tuple(str(value).replace(f"{schema}.", "") for value in row)
+                   for row in connection.exec_driver_sql(query)]
+            for name, query in queries.items()
+        }  # fmt: skip
+        return catalog | {"versions": list(versions)}
+
+
+def test_the_suites_head_databases_equal_the_chain_run_online(
+    dialect: str, tmp_path: Path, postgres_schemas: PostgresSchemas
+) -> None:
+    """conftest's migrated_url copies (SQLite) or replays (PostgreSQL: the printed
+    `upgrade head --sql` script) the chain's output; it must be what the chain builds
+    online, so the functional suite runs on exactly that schema."""
+    if dialect == "postgresql":
+        online, replayed = postgres_schemas.new_url(), postgres_schemas.new_url()
+        replay_head_ddl(postgres_schemas.schema_of(replayed))
+    else:
+        online, replayed = str(tmp_path / "online.db"), str(tmp_path / "copied.db")
+        copy_head_sqlite(Path(replayed))
+    upgrade(online)
+    assert _catalog(replayed) == _catalog(online)
+    assert _catalog(online)["versions"] == [(head_revision(),)]
 
 
 def test_alembic_check_is_clean_at_head_only(db_url: str, tmp_path: Path) -> None:
