@@ -153,6 +153,31 @@ def sqlite_start_params(start: RunStart, now: datetime) -> tuple[Any, ...]:
     )
 
 
+def postgres_node_params(
+    run_id: str, state: RunState, node: str, visit_id: str, now: datetime
+) -> dict[str, Any]:
+    """update_node's named parameters on PostgreSQL."""
+    return {
+        "run": run_id,
+        "state": state.value,
+        "node_name": node,
+        "visit": visit_id,
+        "now": now.astimezone(UTC),
+    }
+
+
+def postgres_registration_params(
+    registration: NodeSessionRegistration, now: datetime
+) -> dict[str, Any]:
+    """register_node_session's named parameters on PostgreSQL."""
+    return {
+        "run": registration.run_id,
+        "node_name": registration.node,
+        "session": registration.session_id,
+        "now": now.astimezone(UTC),
+    }
+
+
 def postgres_start_params(start: RunStart, now: datetime) -> dict[str, Any]:
     """insert_start's named parameters on PostgreSQL."""
     return {
@@ -325,13 +350,7 @@ class RawPostgres:
         self._write(lambda c: c.execute(POSTGRESQL["insert_start"], params))
 
     def update_node(self, run_id: str, state: RunState, node: str, visit_id: str) -> None:
-        params = {
-            "run": run_id,
-            "state": state.value,
-            "node_name": node,
-            "visit": visit_id,
-            "now": self.clock().astimezone(UTC),
-        }
+        params = postgres_node_params(run_id, state, node, visit_id, self.clock())
 
         def work(c: psycopg.Connection[Any]) -> None:
             if c.execute(POSTGRESQL["update_run_node"], params).rowcount != 1:
@@ -347,12 +366,7 @@ class RawPostgres:
         return _postgres_row_to_run(row)
 
     def register_node_session(self, registration: NodeSessionRegistration) -> bool:
-        params: dict[str, Any] = {
-            "run": registration.run_id,
-            "node_name": registration.node,
-            "session": registration.session_id,
-            "now": self.clock().astimezone(UTC),
-        }
+        params = postgres_registration_params(registration, self.clock())
 
         def work(c: psycopg.Connection[Any]) -> bool:
             found = c.execute(POSTGRESQL["lock_current_visit"], params).fetchone()

@@ -50,6 +50,8 @@ from .raw import (
     _postgres_row_to_run,
     _sqlite_row_to_run,
     _utc_now,
+    postgres_node_params,
+    postgres_registration_params,
     postgres_start_params,
     sqlite_start_params,
 )
@@ -255,19 +257,14 @@ class RawPsycopgAsync:
         await self._write(work)
 
     async def update_node(self, run_id: str, state: RunState, node: str, visit_id: str) -> None:
-        params = _node_params(run_id, state, node, visit_id, self.clock())
+        params = postgres_node_params(run_id, state, node, visit_id, self.clock())
         await self._write(lambda c: psycopg_update_node(c, params))
 
     async def get_run(self, run_id: str) -> Run:
         return await psycopg_get_run(self.reader, run_id)
 
     async def register_node_session(self, registration: NodeSessionRegistration) -> bool:
-        params: dict[str, Any] = {
-            "run": registration.run_id,
-            "node_name": registration.node,
-            "session": registration.session_id,
-            "now": self.clock().astimezone(UTC),
-        }
+        params = postgres_registration_params(registration, self.clock())
 
         async def work(c: PsycopgConnection) -> bool:
             found = await (await c.execute(POSTGRESQL["lock_current_visit"], params)).fetchone()
@@ -283,18 +280,6 @@ class RawPsycopgAsync:
             return bool(cursor.rowcount == 1)
 
         return bool(await self._write(work))
-
-
-def _node_params(
-    run_id: str, state: RunState, node: str, visit_id: str, now: datetime
-) -> dict[str, Any]:
-    return {
-        "run": run_id,
-        "state": state.value,
-        "node_name": node,
-        "visit": visit_id,
-        "now": now.astimezone(UTC),
-    }
 
 
 async def psycopg_get_run(connection: PsycopgConnection, run_id: str) -> Run:
@@ -379,19 +364,14 @@ class RawAsyncpg:
             await asyncpg_execute(c, "insert_start", postgres_start_params(start, now))
 
     async def update_node(self, run_id: str, state: RunState, node: str, visit_id: str) -> None:
-        params = _node_params(run_id, state, node, visit_id, self.clock())
+        params = postgres_node_params(run_id, state, node, visit_id, self.clock())
         await asyncpg_update_node(self.connection, params)
 
     async def get_run(self, run_id: str) -> Run:
         return await asyncpg_get_run(self.connection, run_id)
 
     async def register_node_session(self, registration: NodeSessionRegistration) -> bool:
-        params: dict[str, Any] = {
-            "run": registration.run_id,
-            "node_name": registration.node,
-            "session": registration.session_id,
-            "now": self.clock().astimezone(UTC),
-        }
+        params = postgres_registration_params(registration, self.clock())
         c = self.connection
         async with c.transaction():
             await c.execute(SET_LOCK_TIMEOUT)
@@ -466,7 +446,7 @@ class RawPoolWork:
             return await asyncpg_get_run(connection, run_id)
 
     async def update_node(self, run_id: str, state: RunState, node: str, visit_id: str) -> None:
-        params = _node_params(run_id, state, node, visit_id, _utc_now())
+        params = postgres_node_params(run_id, state, node, visit_id, _utc_now())
         async with self.pool.connection() as connection:
             if self.driver == "psycopg":
                 async with connection.transaction():

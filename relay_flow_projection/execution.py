@@ -55,7 +55,7 @@ import time
 import weakref
 from collections import deque
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
@@ -94,7 +94,7 @@ class Operation(Generic[T]):
     not exist. *writes*: the body needs a write transaction.
     *deletes_dependents*: the body deletes every row that refers to what it
     deletes, itself, so SQLite's per-row foreign-key checks would find nothing:
-    its transaction runs with ``foreign_keys`` off (see _sqlite_foreign_keys).
+    its transaction runs with ``foreign_keys`` off (see _sqlite_foreign_keys_off).
     """
 
     subject: str
@@ -171,13 +171,20 @@ def _unwrapped_driver_error(exc: BaseException) -> bool:
 
     Raised by a DBAPI cursor used directly (PRAGMA), or by a driver call in a
     ``before_cursor_execute`` listener: SQLAlchemy 2.0 runs those listeners
-    outside the block that wraps driver errors (2.1 inside). psycopg is an
-    optional extra, so it is looked up only if something already imported it.
+    outside the block that wraps driver errors (2.1 inside).
     """
     if isinstance(exc, sqlite3.Error):
         return True
+    return _psycopg_error(exc, "Error")
+
+
+def _psycopg_error(value: object, *classes: str) -> bool:
+    """*value* is one of psycopg's exception *classes*. psycopg is an optional
+    extra, so it is looked up only if something already imported it."""
     psycopg = sys.modules.get("psycopg")
-    return psycopg is not None and isinstance(exc, psycopg.Error)
+    return psycopg is not None and isinstance(
+        value, tuple(getattr(psycopg, name) for name in classes)
+    )
 
 
 def _translate_driver_error(
@@ -223,10 +230,7 @@ def _connection_failure(exc: BaseException, orig: Any) -> bool:
     when nothing wrapped it (cli/quick_revision connects with psycopg alone)."""
     if isinstance(exc, OperationalError | InterfaceError):
         return True
-    psycopg = sys.modules.get("psycopg")
-    return psycopg is not None and isinstance(
-        orig, (psycopg.OperationalError, psycopg.InterfaceError)
-    )
+    return _psycopg_error(orig, "OperationalError", "InterfaceError")
 
 
 def _schema_out_of_date(subject: str) -> SchemaOutOfDate:
@@ -254,7 +258,7 @@ def run_in_transaction(conn: Connection, operation: Operation[T], budget: float)
     if conn.dialect.name == "sqlite":
         with (
             _sqlite_busy_timeout(conn, budget),
-            _sqlite_foreign_keys(conn, off=operation.deletes_dependents),
+            _sqlite_foreign_keys_off(conn) if operation.deletes_dependents else nullcontext(),
             conn.begin(),
         ):
             return operation.body(conn)
@@ -297,7 +301,7 @@ FOREIGN_KEYS_ON = "PRAGMA foreign_keys = ON"
 
 
 @contextmanager
-def _sqlite_foreign_keys(conn: Connection, *, off: bool) -> Iterator[None]:
+def _sqlite_foreign_keys_off(conn: Connection) -> Iterator[None]:
     """Foreign keys off for one transaction whose body deletes dependent rows itself.
 
     Deleting a parent row makes SQLite look up every child table for rows
@@ -309,9 +313,6 @@ def _sqlite_foreign_keys(conn: Connection, *, off: bool) -> Iterator[None]:
     Other connections keep enforcing: the write lock keeps their writes out
     of this transaction.
     """
-    if not off:
-        yield
-        return
     cursor = conn.connection.cursor()
     cursor.execute(FOREIGN_KEYS_PRAGMA)
     row = cursor.fetchone()

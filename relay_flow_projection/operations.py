@@ -247,7 +247,7 @@ def sweep_batch(sweep: Sweep) -> Operation[list[str]]:
     """The next batch of a sweep, in one write transaction (retention.py chooses and deletes).
 
     On SQLite the batch deletes its runs' child rows itself, table by table,
-    so it needs no foreign-key checks (execution._sqlite_foreign_keys).
+    so it needs no foreign-key checks (execution._sqlite_foreign_keys_off).
     """
     return Operation("sweep_retention", sweep.run_batch, writes=True, deletes_dependents=True)
 

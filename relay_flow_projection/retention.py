@@ -181,16 +181,12 @@ _LINE_HEAD = b'{"relay_node_runtime": ['
 _TAIL_WINDOW = 8 << 20
 
 
-def _read(descriptor: int, length: int, offset: int) -> bytes:
-    return os.pread(descriptor, length, offset)
-
-
 def _lines_end(descriptor: int, size: int) -> int:
     """Where the last whole line ends (0: there is none)."""
     end = size
     while end > 0:
         start = max(0, end - (1 << 16))
-        newline = _read(descriptor, end - start, start).rfind(b"\n")
+        newline = os.pread(descriptor, end - start, start).rfind(b"\n")
         if newline >= 0:
             return start + newline + 1
         end = start
@@ -205,7 +201,7 @@ def _members_end(descriptor: int, size: int) -> int:
     read from the start.
     """
     start = max(0, size - _TAIL_WINDOW)
-    tail = _read(descriptor, size - start, start)
+    tail = os.pread(descriptor, size - start, start)
     found = tail.rfind(_MEMBER_HEAD)
     while found >= 0:
         reader = zlib.decompressobj(wbits=31)
@@ -219,7 +215,7 @@ def _members_end(descriptor: int, size: int) -> int:
     end = offset = 0
     reader = zlib.decompressobj(wbits=31)
     while offset < size:
-        chunk = _read(descriptor, min(1 << 20, size - offset), offset)
+        chunk = os.pread(descriptor, min(1 << 20, size - offset), offset)
         while chunk:
             try:
                 reader.decompress(chunk)
@@ -250,7 +246,7 @@ def _drop_torn_batch(descriptor: int, path: str, compressed: bool) -> None:
     end = _members_end(descriptor, size) if compressed else _lines_end(descriptor, size)
     if end == size:
         return
-    torn = _read(descriptor, min(size - end, len(_LINE_HEAD)), end)
+    torn = os.pread(descriptor, min(size - end, len(_LINE_HEAD)), end)
     if compressed:  # the head of a member as gzip.compress writes it, its time aside
         ours = _MEMBER_HEAD.startswith(torn[:4]) and _MEMBER_HEAD_END.startswith(torn[8:10])
     else:
@@ -362,11 +358,6 @@ class Sweep:
         self._started = 0.0
         self._deleted = 0
         self.done = False
-        self.batch_seconds: list[float] = []  # each committed batch, first statement to commit
-
-    @property
-    def longest_batch_seconds(self) -> float:
-        return max(self.batch_seconds, default=0.0)
 
     def run_batch(self, conn: Connection) -> list[str]:
         """The executor's operation body: choose, archive and delete one batch."""
@@ -386,7 +377,6 @@ class Sweep:
     def batch_committed(self) -> None:
         """The facade's call once run_batch's transaction has committed: size the next one."""
         elapsed = time.monotonic() - self._started
-        self.batch_seconds.append(elapsed)
         if self._deleted:
             self.size = self.next_size(self.size, self._deleted, elapsed)
 

@@ -16,7 +16,9 @@ those cases skip, and fail under ``CI=true``.
 
 from __future__ import annotations
 
+import gzip
 import io
+import json
 import os
 import shutil
 import sqlite3
@@ -85,10 +87,10 @@ def postgres_unavailable() -> str | None:
 
 
 def require_postgres() -> None:
-    _required(postgres_unavailable())
+    skip_or_fail(postgres_unavailable())
 
 
-def _required(reason: str | None) -> None:
+def skip_or_fail(reason: str | None) -> None:
     """Skip with *reason*, or fail under CI=true, where nothing may skip for a missing server."""
     if reason is None:
         return
@@ -140,7 +142,7 @@ class PostgresSchemas:
 
     def _pgbouncer(self) -> PgBouncer:
         if self.bouncer is None:
-            _required(None if pgbouncer_binary() else "pgbouncer is not installed")
+            skip_or_fail(None if pgbouncer_binary() else "pgbouncer is not installed")
             base = postgres_database_url()
             bouncer = PgBouncer(
                 server_host=base.host or "127.0.0.1",
@@ -210,7 +212,7 @@ def postgres_url(postgres_schemas: PostgresSchemas) -> str:
 @pytest.fixture
 def migrated_url(db_url: str, dialect: str, postgres_schemas: PostgresSchemas) -> str:
     """*db_url* at head, built from the chain without running it once per test
-    (head_database below)."""
+    (copy_head_sqlite and replay_head_ddl below)."""
     if dialect == "postgresql":
         replay_head_ddl(postgres_schemas.schema_of(db_url))
     else:
@@ -266,6 +268,29 @@ def replay_head_ddl(schema: str) -> None:
         with engine.connect() as connection:
             connection.exec_driver_sql(f'SET search_path TO "{schema}"')
             connection.exec_driver_sql(postgresql_head_ddl())
+    finally:
+        engine.dispose()
+
+
+def archived(path: Path) -> list[dict[str, Any]]:
+    """The JSON lines of a retention archive (gzip when its name ends in ``.gz``)."""
+    opener: Any = gzip.open if path.name.endswith(".gz") else open
+    with opener(path, "rt", encoding="utf-8") as handle:
+        return [json.loads(line) for line in handle]
+
+
+def set_versions(target: str, *versions: str) -> None:
+    """Replace the rows of *target*'s version table (a newer release's revision,
+    another chain's row beside ours, ...), through a plain SQLAlchemy engine."""
+    url = resolve_target(target).url.render_as_string(hide_password=False)
+    engine = sa.create_engine(url, poolclass=NullPool)
+    try:
+        with engine.begin() as connection:
+            connection.exec_driver_sql("DELETE FROM alembic_version")
+            for version in versions:
+                connection.execute(
+                    sa.text("INSERT INTO alembic_version VALUES (:v)"), {"v": version}
+                )
     finally:
         engine.dispose()
 

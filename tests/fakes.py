@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime, timedelta, timezone
 
 
 class FakeClock:
@@ -17,3 +17,25 @@ class FakeClock:
     def advance(self, **delta: float) -> datetime:
         self.now += timedelta(**delta)
         return self.now
+
+
+IST = timezone(timedelta(hours=5, minutes=30))
+
+
+class OwnText(datetime):
+    """A datetime subclass with its own text (as pendulum/arrow-like types have).
+
+    SQLite stores ``isoformat()`` text, so this text, if it reached the
+    database, would break ordering and every later read of the row.
+    """
+
+    def isoformat(self, sep: str = "T", timespec: str = "auto") -> str:
+        return "around " + datetime.isoformat(self, sep, timespec)
+
+
+def as_subclass(kind: type[datetime], value: datetime) -> datetime:
+    """*value* as an instance of the datetime subclass *kind*."""
+    return kind(
+        value.year, value.month, value.day, value.hour, value.minute, value.second,
+        value.microsecond, tzinfo=value.tzinfo,
+    )  # fmt: skip

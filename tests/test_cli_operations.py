@@ -4,7 +4,6 @@ starting without SQLAlchemy or Alembic."""
 
 from __future__ import annotations
 
-import gzip
 import json
 import re
 import shutil
@@ -21,13 +20,9 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 from click.testing import CliRunner
+from conftest import archived, set_versions
 from test_cli import as_json, assert_error, console_script, invoke, ok, process_env, run_ids
-from test_query_plans import (
-    Planned,
-    _RecordingPostgresCursor,
-    _RecordingSQLiteConnection,
-    _run_rows,
-)
+from test_query_plans import Planned, planned_runs
 
 from relay_flow_projection import RunFilter, RunProjection, create_engine, upgrade
 from relay_flow_projection.cli.durations import parse_duration
@@ -88,12 +83,6 @@ def run_count(path: Path) -> int:
         return int(connection.execute("SELECT count(*) FROM relay_runs").fetchone()[0])
     finally:
         connection.close()
-
-
-def archived(path: Path) -> list[dict[str, Any]]:
-    opener: Any = gzip.open if path.name.endswith(".gz") else open
-    with opener(path, "rt", encoding="utf-8") as handle:
-        return [json.loads(line) for line in handle]
 
 
 # ------------------------------------------------------- sweep, Ctrl-C ---
@@ -412,18 +401,8 @@ def test_the_total_never_scans_the_table(planned: Planned, run_filter: RunFilter
 
 @pytest.fixture
 def planned(migrated_url: str, dialect: str) -> Iterator[Planned]:
-    """test_query_plans' recording projection on its 3,000 runs."""
-    recording: dict[str, Any] = (
-        {"factory": _RecordingSQLiteConnection}
-        if dialect == "sqlite"
-        else {"cursor_factory": _RecordingPostgresCursor}
-    )
-    engine = create_engine(migrated_url, connect_args=recording)
-    with engine.begin() as connection:
-        connection.execute(runs.insert(), _run_rows())
-        connection.exec_driver_sql("ANALYZE relay_runs" if dialect == "postgresql" else "ANALYZE")
-    yield Planned(RunProjection(engine), engine, dialect)
-    engine.dispose()
+    """test_query_plans' recording projection on its 3,000 runs, analyzed."""
+    yield from planned_runs(migrated_url, dialect, analyze_sqlite=True)
 
 
 # -------------------------------------------------------- start-up cost ---
@@ -496,13 +475,6 @@ def _database(directory: Path, revision: str = "head") -> Path:
     return path
 
 
-def _set_versions(path: Path, *versions: str) -> None:
-    with sqlite3.connect(path) as connection:
-        connection.execute("DELETE FROM alembic_version")
-        connection.executemany("INSERT INTO alembic_version VALUES (?)", [(v,) for v in versions])
-    connection.close()
-
-
 def _head(directory: Path) -> None:
     _database(directory)
 
@@ -532,11 +504,11 @@ def _missing(directory: Path) -> None:
 
 
 def _newer_release(directory: Path) -> None:
-    _set_versions(_database(directory), "0099_from_the_future")
+    set_versions(str(_database(directory)), "0099_from_the_future")
 
 
 def _shared_with_another_chain(directory: Path) -> None:
-    _set_versions(_database(directory), head_revision(), "app_0001")
+    set_versions(str(_database(directory)), head_revision(), "app_0001")
 
 
 def _truncated(directory: Path) -> None:
@@ -602,9 +574,13 @@ STEPPED_ASIDE = {
 
 
 def _current_both_ways(
-    directory: Path, target: str, monkeypatch: pytest.MonkeyPatch
+    directory: Path,
+    target: str,
+    monkeypatch: pytest.MonkeyPatch,
+    full_directory: Path | None = None,
 ) -> tuple[list[tuple[int, str, str]], list[tuple[int, str, str]], bool]:
-    """`current` and `current --json` in *directory*, the quick way then the full way.
+    """`current` and `current --json` in *directory*, the quick way, then the full way
+    (in *full_directory* when given: a copy, so each path's leftovers can be compared).
 
     The third value: whether the quick path answered (or raised) every time
     instead of stepping aside.
@@ -632,6 +608,8 @@ def _current_both_ways(
     monkeypatch.setattr(quick_revision, "quick_revision", spy)
     quick_outputs = outputs()
     monkeypatch.setattr(quick_revision, "quick_revision", lambda _target: None)
+    if full_directory is not None:
+        monkeypatch.chdir(full_directory)
     full_outputs = outputs()
     return quick_outputs, full_outputs, all(answered)
 
@@ -654,8 +632,7 @@ def test_current_prints_the_same_with_and_without_sqlalchemy(
     shutil.copytree(original, quick_dir)
     shutil.copytree(original, full_dir)
 
-    quick, _, answered = _current_both_ways(quick_dir, target, monkeypatch)
-    _, full, _ = _current_both_ways(full_dir, target, monkeypatch)
+    quick, full, answered = _current_both_ways(quick_dir, target, monkeypatch, full_dir)
 
     assert quick == full
     assert answered is (scenario in QUICK)
@@ -781,34 +758,25 @@ def test_other_postgresql_urls_take_the_full_path(target: str) -> None:
     assert postgresql_connection(target) is None
 
 
-def _pg_upgrade(url: str, revision: str = "head") -> None:
-    upgrade(url, revision)
-
-
-def _pg_set_versions(url: str, *versions: str) -> None:
-    _pg_upgrade(url)
-    engine = sa.create_engine(url.replace("postgresql://", "postgresql+psycopg://", 1))
-    with engine.begin() as connection:
-        connection.exec_driver_sql("DELETE FROM alembic_version")
-        for version in versions:
-            connection.execute(sa.text("INSERT INTO alembic_version VALUES (:v)"), {"v": version})
-    engine.dispose()
+def _pg_versions(url: str, *versions: str) -> None:
+    upgrade(url)
+    set_versions(url, *versions)
 
 
 def _pg_downgraded_to_base(url: str) -> None:
     from relay_flow_projection.migrate import run_downgrade
 
-    _pg_upgrade(url)
+    upgrade(url)
     run_downgrade(url, "base")
 
 
 PG_SCENARIOS: dict[str, Any] = {
-    "head": _pg_upgrade,
-    "older": lambda url: _pg_upgrade(url, "0003_generation_3"),
+    "head": upgrade,
+    "older": lambda url: upgrade(url, "0003_generation_3"),
     "downgraded-to-base": _pg_downgraded_to_base,
     "unversioned": lambda url: None,
-    "newer-release": lambda url: _pg_set_versions(url, "0099_from_the_future"),
-    "shared-version-table": lambda url: _pg_set_versions(url, head_revision(), "app_0001"),
+    "newer-release": lambda url: _pg_versions(url, "0099_from_the_future"),
+    "shared-version-table": lambda url: _pg_versions(url, head_revision(), "app_0001"),
 }
 # Where the quick path answers by itself: the revision, and whether it is the head.
 PG_QUICK = {"head": "(head)", "older": "0003_generation_3 (not at head"}

@@ -125,8 +125,9 @@ class Planned:
         return plan
 
 
-@pytest.fixture
-def planned(migrated_url: str, dialect: str) -> Iterator[Planned]:
+def planned_runs(migrated_url: str, dialect: str, *, analyze_sqlite: bool) -> Iterator[Planned]:
+    """A recording projection on 3,000 runs, analyzed on PostgreSQL (and on SQLite
+    when *analyze_sqlite*: Planned.plans_of analyzes it itself, after a first plan)."""
     recording: dict[str, Any] = (
         {"factory": _RecordingSQLiteConnection}
         if dialect == "sqlite"
@@ -135,14 +136,19 @@ def planned(migrated_url: str, dialect: str) -> Iterator[Planned]:
     engine = create_engine(migrated_url, connect_args=recording)
     with engine.begin() as connection:
         connection.execute(runs.insert(), _run_rows())
-    if dialect == "postgresql":
-        with engine.connect() as connection:
+        if dialect == "postgresql":
             # This schema's table only: a database-wide ANALYZE would lock every
             # table of every other test's schema (out of shared memory).
             connection.exec_driver_sql("ANALYZE relay_runs")
-            connection.commit()
+        elif analyze_sqlite:
+            connection.exec_driver_sql("ANALYZE")
     yield Planned(RunProjection(engine), engine, dialect)
     engine.dispose()
+
+
+@pytest.fixture
+def planned(migrated_url: str, dialect: str) -> Iterator[Planned]:
+    yield from planned_runs(migrated_url, dialect, analyze_sqlite=False)
     SENT.clear()
 
 

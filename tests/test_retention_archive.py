@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
+from conftest import archived
 from fakes import FakeClock
 from sqlalchemy.engine import Engine
 
@@ -56,9 +57,7 @@ def test_every_swept_run_is_in_the_archive(
     _seed(projection, clock, 9)
     archive = tmp_path / f"swept{suffix}"
     swept = projection.sweep_retention(clock.now + timedelta(days=1), batch_size=2, archive=archive)
-    opener = gzip.open if suffix.endswith(".gz") else open
-    with opener(archive, "rt", encoding="utf-8") as handle:
-        lines = [json.loads(line) for line in handle]
+    lines = archived(archive)
     assert sorted(swept) == ["r0", "r2", "r4", "r6", "r8"]
     assert sorted(line["run"]["id"] for line in lines) == sorted(swept)
     assert archive.stat().st_mode & 0o777 == 0o600  # private, like the database file
@@ -240,9 +239,7 @@ def test_a_gz_archive_is_one_gzip_member_per_batch_and_appends(
     assert [len(member.splitlines()) for member in members] == [2, 2, 1]
     _seed(projection, clock, 1)  # r0 again
     projection.sweep_retention(clock.now + timedelta(days=1), archive=archive)
-    with gzip.open(archive, "rb") as handle:
-        ids = [json.loads(line)["run"]["id"] for line in handle]
-    assert ids == [*first, "r0"]
+    assert _archived_ids(archive) == [*first, "r0"]
 
 
 # ------------------------------------------------------- interrupted sweeps ---
@@ -330,9 +327,7 @@ def test_an_archive_path_is_on_disk_before_its_batch_deletes_anything(
 
 
 def _archived_ids(archive: Path) -> list[str]:
-    opener = gzip.open if archive.name.endswith(".gz") else open
-    with opener(archive, "rb") as handle:
-        return [json.loads(line)["run"]["id"] for line in handle]
+    return [line["run"]["id"] for line in archived(archive)]
 
 
 @pytest.mark.parametrize("suffix", [".jsonl", ".jsonl.gz"])

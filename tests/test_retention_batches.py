@@ -202,13 +202,11 @@ def test_a_sqlite_connection_without_foreign_keys_still_sweeps_children(
     _seed(RunProjection(seeding), 5)
     seeding.dispose()
     engine: Engine = make(sqlite_db)
-    with engine.connect() as connection:
-        assert connection.exec_driver_sql("PRAGMA foreign_keys").scalar() == 0
+    assert _foreign_keys(engine) == 0
     try:
         assert len(RunProjection(engine).sweep_retention(CUTOFF)) == 5
         assert _children(engine) == 0
-        with engine.connect() as connection:
-            assert connection.exec_driver_sql("PRAGMA foreign_keys").scalar() == 0
+        assert _foreign_keys(engine) == 0
     finally:
         engine.dispose()
 

@@ -8,7 +8,7 @@ from datetime import UTC, datetime, timedelta, timezone, tzinfo
 
 import pytest
 import sqlalchemy as sa
-from fakes import FakeClock
+from fakes import IST, FakeClock, OwnText, as_subclass
 from sqlalchemy.engine import Engine
 
 from relay_flow_projection import (
@@ -35,7 +35,6 @@ ALL_TABLES = (
 )
 
 T0 = datetime(2026, 2, 1, 8, 30, 0, 654321, tzinfo=UTC)
-IST = timezone(timedelta(hours=5, minutes=30))
 NEW_YORK_WINTER = timezone(timedelta(hours=-5))
 
 
@@ -351,25 +350,11 @@ def test_postgresql_sessions_run_in_utc_whatever_the_url_asks(postgres_url: str)
 # ------------------------------------------------------------ datetime subclasses ---
 
 
-class OwnText(datetime):
-    """A subclass with its own text (as pendulum/arrow-like types have)."""
-
-    def isoformat(self, sep: str = "T", timespec: str = "auto") -> str:
-        return "around " + datetime.isoformat(self, sep, timespec)
-
-
 class IgnoresZones(OwnText):
     """A subclass whose astimezone() answers in its own zone, whatever is asked."""
 
     def astimezone(self, tz: tzinfo | None = None) -> IgnoresZones:
         return self
-
-
-def as_subclass(kind: type[datetime], value: datetime) -> datetime:
-    return kind(
-        value.year, value.month, value.day, value.hour, value.minute, value.second,
-        value.microsecond, tzinfo=value.tzinfo,
-    )  # fmt: skip
 
 
 @pytest.mark.parametrize("kind", [OwnText, IgnoresZones])

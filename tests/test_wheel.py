@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
+from conftest import set_versions
 from sqlalchemy.pool import NullPool
 
 from relay_flow_projection.engine import resolve_target
@@ -212,19 +213,6 @@ def test_two_line_ini_upgrades_checks_and_downgrades(
     assert left == ({"alembic.ini", "projection.db"} if backend == "sqlite" else {"alembic.ini"})
 
 
-def _stamp(url: str, revision: str) -> None:
-    engine = sa.create_engine(
-        resolve_target(url).url.render_as_string(hide_password=False), poolclass=NullPool
-    )
-    try:
-        with engine.begin() as connection:
-            connection.execute(
-                sa.text("UPDATE alembic_version SET version_num = :v"), {"v": revision}
-            )
-    finally:
-        engine.dispose()
-
-
 @pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
 def test_deployer_errors_from_the_installed_alembic_are_one_line(
     venv_python: Path, tmp_path: Path, request: pytest.FixtureRequest, backend: str
@@ -238,7 +226,7 @@ def test_deployer_errors_from_the_installed_alembic_are_one_line(
         else str(request.getfixturevalue("postgres_url"))
     )
     _alembic(venv_python, deploy, "upgrade", "head", url=url)
-    _stamp(url, "0099_from_a_newer_release")
+    set_versions(url, "0099_from_a_newer_release")
     for command in (["current"], ["check"], ["upgrade", "head"]):
         said = _alembic(venv_python, deploy, *command, url=url, ok=False)
         (line,) = said.strip().splitlines()

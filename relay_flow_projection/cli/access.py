@@ -116,18 +116,22 @@ def require_head(target: str) -> Revision:
 
 
 @contextmanager
-def projection_at_head(target: str, *, read_only: bool = False) -> Iterator[RunProjection]:
+def projection_at_head(
+    target: str, *, read_only: bool = False, revision: Revision | None = None
+) -> Iterator[RunProjection]:
     """A RunProjection on a database at head; its engine is disposed afterwards.
 
     *read_only*: open the database read-only (SQLite ``mode=ro``, or
     ``immutable`` in a directory nobody can write; see migration_env.readable_target).
+    *revision*: what require_head already returned for *target* (not read again).
     """
     from sqlalchemy.pool import NullPool
 
     from ..database import open_projection
     from ..migration_env import readable_target
 
-    require_head(target)
+    if revision is None:
+        require_head(target)
     opened = target
     if read_only:
         opened = readable_target(resolve(target)).url.render_as_string(hide_password=False)

@@ -31,7 +31,7 @@ PAGE_SIZE = 500
 def status(settings: Settings, as_json: bool) -> None:
     """Revision, executor identity, runs per state and the oldest active run."""
     revision = require_head(settings.target)
-    with projection_at_head(settings.target, read_only=True) as projection:
+    with projection_at_head(settings.target, read_only=True, revision=revision) as projection:
         identity = projection.identity()
         counts = state_counts_json(projection.count_runs())
         oldest = next(iter(projection.list_runs(RunFilter(active=True), limit=1)), None)

@@ -33,6 +33,7 @@ from typing import Any, cast
 
 import pytest
 import sqlalchemy as sa
+from fakes import IST, OwnText, as_subclass
 from reliability_support import snapshot
 from sqlalchemy.engine import Engine
 from sqlalchemy.pool import NullPool
@@ -74,25 +75,6 @@ LATEST = datetime.max.replace(tzinfo=UTC)
 BOTH = ("sqlite", "postgresql")
 
 
-class OwnText(datetime):
-    """A datetime subclass with its own text, as pendulum/arrow-like types have.
-
-    SQLite stores ``isoformat()`` text, so this text, if it reached the
-    database, would break ordering and every later read of the row.
-    """
-
-    def isoformat(self, sep: str = "T", timespec: str = "auto") -> str:
-        return f"the instant {datetime.isoformat(self, sep, timespec)}"
-
-
-def own_text(value: datetime) -> OwnText:
-    return OwnText(
-        value.year, value.month, value.day, value.hour, value.minute, value.second,
-        value.microsecond, tzinfo=value.tzinfo,
-    )  # fmt: skip
-
-
-IST = timezone(timedelta(hours=5, minutes=30))
 P = RunProjection
 
 
@@ -691,7 +673,7 @@ def _canonically(column: str, run_id: str, read: Callable[[Run], Any]) -> Stored
 
 
 def _subclass_clock(ctx: Ctx, _: Any) -> None:
-    RunProjection(ctx.engine, clock=lambda: own_text(T0.astimezone(IST))).update_state(
+    RunProjection(ctx.engine, clock=lambda: as_subclass(OwnText, T0.astimezone(IST))).update_state(
         "r1", "blocked"
     )
 
@@ -702,7 +684,10 @@ def _with(value: Any, call: Callable[[P, Any], Any]) -> Callable[[Ctx, Any], Any
 
 
 def _subclass_entries() -> Iterator[Entry]:
-    for zone, when in (("utc", own_text(T0)), ("ist", own_text(T0.astimezone(IST)))):
+    for zone, when in (
+        ("utc", as_subclass(OwnText, T0)),
+        ("ist", as_subclass(OwnText, T0.astimezone(IST))),
+    ):
         writes: dict[str, tuple[Callable[[P, Any], Any], Stored]] = {
             "insert_start-now": (
                 lambda q, d: q.insert_start(start(), d),
@@ -720,9 +705,9 @@ def _subclass_entries() -> Iterator[Entry]:
         for label, (call, stored) in writes.items():
             yield Entry("datetime subclass", f"{label}-{zone}", _with(when, call), stored)
         # Reads compare stored text with the bound cutoff/cursor on SQLite: the
-        # subclass's own text ("the instant ...") sorts after every timestamp,
+        # subclass's own text ("around ...") sorts after every timestamp,
         # so a cutoff before the only finish would count it.
-        earlier = own_text((T0 - timedelta(seconds=1)).astimezone(when.tzinfo))
+        earlier = as_subclass(OwnText, (T0 - timedelta(seconds=1)).astimezone(when.tzinfo))
         yield Entry(
             "datetime subclass",
             f"count_sweepable-older_than-{zone}",
