@@ -24,6 +24,7 @@ from typing import Any
 from relay_flow_projection import upgrade
 from relay_flow_projection.migrate import head_revision
 
+from . import mariadb
 from .async_suite import measure_async
 from .dataset import (
     PostgresDatabases,
@@ -304,6 +305,19 @@ def adopt(workdir: Path, runs: int) -> dict[str, Any]:
     return {"runs": runs, "seconds": elapsed, "peak_rss_kib": peak_rss, "peak_wal": peak_wal}
 
 
+def measure_mariadb(sizes: Sizes) -> str:
+    """The MariaDB section (benchmarks/mariadb.py), as markdown."""
+    reason = mariadb.unavailable()
+    if reason is not None:
+        if os.environ.get("CI", "").lower() == "true":
+            raise SystemExit(f"CI=true but MariaDB is unavailable: {reason}")
+        log(f"mariadb skipped: {reason}")
+        return f"\nMariaDB: not measured ({reason})"
+    log(f"mariadb: {sizes.runs:,} runs, layer vs raw PyMySQL, plans, sweep")
+    result = mariadb.measure(sizes.runs, sizes.rounds, sizes.read_block)
+    return mariadb.render(result)
+
+
 def parse_arguments(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="benchmarks/run.py",
@@ -314,7 +328,10 @@ def parse_arguments(argv: list[str]) -> argparse.Namespace:
     )
     parser.add_argument("--runs", type=int, help="override the number of runs")
     parser.add_argument(
-        "--dialect", choices=(*DIALECTS, "both"), default="both", help="default: both"
+        "--dialect",
+        choices=(*DIALECTS, "mysql", "both"),
+        default="both",
+        help="default: both (SQLite and PostgreSQL), then the MariaDB section",
     )
     parser.add_argument("--json", type=Path, help="also write the raw measurements here")
     parser.add_argument(
@@ -343,7 +360,8 @@ def main(argv: list[str] | None = None) -> int:
     sizes = QUICK if arguments.quick else FULL
     if arguments.runs:
         sizes = Sizes(**{**asdict(sizes), "runs": arguments.runs})
-    dialects = DIALECTS if arguments.dialect == "both" else (arguments.dialect,)
+    dialects: tuple[str, ...] = DIALECTS if arguments.dialect == "both" else (arguments.dialect,)
+    dialects = tuple(d for d in dialects if d != "mysql")
     results = Results(
         sizes.runs, quick=arguments.quick, sizes=asdict(sizes), load_before=os.getloadavg()[0]
     )
@@ -371,9 +389,12 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         postgres.drop_all()
         shutil.rmtree(workdir, ignore_errors=True)
+    mysql = ""
+    if arguments.dialect in ("both", "mysql"):
+        mysql = measure_mariadb(sizes)
     results.total_seconds = time.perf_counter() - started
     table = render(results)
-    sys.stdout.write(table + "\n")
+    sys.stdout.write(table + "\n" + mysql + "\n")
     if arguments.json:
         arguments.json.write_text(json.dumps(results.as_json(), indent=2))
     return 0

@@ -15,6 +15,7 @@ from .engine import (
     build_engine,
     check_sqlite_file,
     create_async_engine,
+    is_mysql_url,
     resolve_target,
 )
 from .errors import ProjectionError, SchemaOutOfDate
@@ -142,12 +143,15 @@ async def open_async_projection(
 
 
 def _sync_driver_target(resolved: ResolvedTarget) -> Target:
-    """The target for the Alembic chain, which runs on the sync drivers (pysqlite, psycopg)."""
+    """The target for the Alembic chain, which runs on the sync drivers (pysqlite, psycopg,
+    PyMySQL)."""
     if resolved.path is not None:
         return resolved.path
     url = resolved.url
     if url.get_backend_name() == "postgresql":
         url = url.set(drivername="postgresql+psycopg")
+    elif is_mysql_url(url):
+        url = url.set(drivername=f"{url.get_backend_name()}+pymysql")
     elif url.get_backend_name() == "sqlite":
         url = url.set(drivername="sqlite")
     return url.render_as_string(hide_password=False)

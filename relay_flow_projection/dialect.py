@@ -1,41 +1,95 @@
 """The one place that knows which database it is talking to.
 
 Everything dialect-specific that statements need goes through here: the
-``insert`` construct that offers ``ON CONFLICT``, matching a column against a
-list of ids, whether deletes cascade, and how read-only work runs. (Driver
-errors are recognised in one place, ``execution.translate_error``.)
-Repository code calls these and stays free of ``if dialect == ...`` branches.
+upsert construct (``ON CONFLICT`` or ``ON DUPLICATE KEY UPDATE``), matching a
+column against a list of ids, keyset comparisons and index hints, whether
+deletes cascade, lock ordering, and how read-only work runs. (Column types differ in
+column_types.py; driver errors are recognised in one place,
+``execution.translate_error``.) Repository code calls these and stays free of
+``if dialect == ...`` branches.
+
+Statement caches are keyed by the *family* name ("sqlite", "postgresql",
+"mysql"): MySQL and MariaDB compile alike, whichever name SQLAlchemy gave the
+dialect.
 """
 
 from __future__ import annotations
 
-from sqlalchemy import JSON, ColumnElement, Table, any_, bindparam, func, select
-from sqlalchemy.dialects import postgresql, sqlite
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    ColumnElement,
+    Select,
+    Table,
+    and_,
+    any_,
+    bindparam,
+    func,
+    or_,
+    select,
+    tuple_,
+)
+from sqlalchemy.dialects import mysql, postgresql, sqlite
 from sqlalchemy.engine import Dialect, Engine
 from sqlalchemy.types import ARRAY, Text
 
-SUPPORTED_DIALECTS = ("sqlite", "postgresql")
+from .column_types import MYSQL_DIALECTS
+
+SUPPORTED_DIALECTS = ("sqlite", "postgresql", *MYSQL_DIALECTS)
 
 
 def dialect_name(dialect: Dialect | str) -> str:
-    """The supported dialect's name; statement caches are keyed by it (a str keeps no
-    engine alive, a Dialect object would)."""
+    """The supported dialect's family name; statement caches are keyed by it (a str
+    keeps no engine alive, a Dialect object would)."""
     name = dialect if isinstance(dialect, str) else dialect.name
     if name not in SUPPORTED_DIALECTS:
         raise NotImplementedError(
-            f"relay_flow_projection supports {', '.join(SUPPORTED_DIALECTS)}, not {name}"
+            f"relay_flow_projection supports sqlite, postgresql, mysql and mariadb, not {name}"
         )
-    return name
+    return "mysql" if name in MYSQL_DIALECTS else name
 
 
-UpsertInsert = postgresql.Insert | sqlite.Insert
+def is_mysql(dialect: Dialect | str) -> bool:
+    return dialect_name(dialect) == "mysql"
 
 
-def upsert_insert(dialect: Dialect | str, table: Table) -> UpsertInsert:
-    """The dialect's own ``INSERT`` construct, which has ``on_conflict_do_*``."""
-    if dialect_name(dialect) == "postgresql":
-        return postgresql.insert(table)
-    return sqlite.insert(table)
+UpsertInsert = postgresql.Insert | sqlite.Insert | mysql.Insert
+
+
+def upsert(
+    dialect: Dialect | str,
+    table: Table,
+    values: Mapping[str, Any],
+    *,
+    key: Sequence[str],
+    overwrite: Sequence[str] = (),
+) -> UpsertInsert:
+    """``INSERT`` of *values*; when a row with the same *key* exists, the columns
+    named in *overwrite* take the new row's values, or (none named) the row
+    stays as it is.
+
+    MySQL has no "do nothing": the no-op assignment of a key column stands in
+    for it. (``INSERT IGNORE`` would also turn other errors into warnings --
+    a child row of a missing run would be dropped silently.)
+    """
+    family = dialect_name(dialect)
+    if family == "mysql":
+        statement = mysql.insert(table).values(dict(values))
+        if overwrite:
+            return statement.on_duplicate_key_update(
+                {name: statement.inserted[name] for name in overwrite}
+            )
+        return statement.on_duplicate_key_update({key[0]: table.c[key[0]]})
+    make = postgresql.insert if family == "postgresql" else sqlite.insert
+    insert = make(table).values(dict(values))
+    columns = [table.c[name] for name in key]
+    if overwrite:
+        return insert.on_conflict_do_update(
+            index_elements=columns, set_={name: insert.excluded[name] for name in overwrite}
+        )
+    return insert.on_conflict_do_nothing(index_elements=columns)
 
 
 def matches_any(
@@ -43,27 +97,82 @@ def matches_any(
 ) -> ColumnElement[bool]:
     """``column`` equals one of the ids bound under *name* (a list at execution time).
 
-    The list travels as one bound value, so the statement text -- and the
-    prepared statement -- is the same for every list. PostgreSQL binds an
-    array (``= ANY(:ids)``): an expanding ``IN`` with thousands of parameters
-    is several times slower there. SQLite binds a JSON array that
-    ``json_each`` reads (JSON functions are built in since SQLite 3.38): an
-    expanding ``IN`` re-renders, re-prepares and binds thousands of
-    parameters per call (retention sweep on SQLite: 12% less CPU).
+    PostgreSQL binds an array (``= ANY(:ids)``): an expanding ``IN`` with
+    thousands of parameters is several times slower there. SQLite binds a
+    JSON array that ``json_each`` reads (JSON functions are built in since
+    SQLite 3.38): an expanding ``IN`` re-renders, re-prepares and binds
+    thousands of parameters per call (retention sweep on SQLite: 12% less
+    CPU). MySQL's drivers interpolate parameters on the client and the server
+    prepares nothing, so the expanding ``IN`` costs little there, and its
+    optimizer turns a literal list into key lookups (``JSON_TABLE`` would be a
+    join it cannot).
     """
-    if dialect_name(dialect) == "postgresql":
+    family = dialect_name(dialect)
+    if family == "postgresql":
         return column == any_(bindparam(name, type_=ARRAY(Text)))
+    if family == "mysql":
+        return column.in_(bindparam(name, expanding=True))
     listed = func.json_each(bindparam(name, type_=JSON)).table_valued("value")
     return column.in_(select(listed.c.value))
 
 
+def after_keyset(
+    dialect: Dialect | str, columns: Sequence[ColumnElement[Any]], values: Sequence[Any]
+) -> ColumnElement[bool]:
+    """The rows strictly after *values* in the order of *columns* (keyset paging).
+
+    A row-value comparison where the planner turns it into one index range
+    (SQLite, PostgreSQL). MariaDB's range optimizer does not read row
+    comparisons (its plan was a full index scan); the equivalent nested ``OR``
+    becomes one range per column prefix on the same index.
+    """
+    if dialect_name(dialect) != "mysql":
+        after: ColumnElement[bool] = tuple_(*columns) > tuple_(*values)
+        return after
+    (first, *rest), (value, *more) = columns, values
+    beyond: ColumnElement[bool] = first > value
+    if not rest:
+        return beyond
+    return or_(beyond, and_(first == value, after_keyset(dialect, rest, more)))
+
+
+def pages_by_index(dialect: Dialect | str, statement: Select[Any], index: str) -> Select[Any]:
+    """*statement*, a page in the order of *index*, read along that index.
+
+    MariaDB's optimizer costs a keyset page of a large table (``... > :after
+    ORDER BY ... LIMIT 500``) as a range over every row after the cursor and
+    chose a full scan and a sort instead -- for every page, so that walking a
+    table page by page read it once per page. The index hint keeps it on the
+    index the order comes from. The planners of SQLite and PostgreSQL need no
+    hint (and take none).
+    """
+    if dialect_name(dialect) != "mysql":
+        return statement
+    # "*": the statement is built for the MySQL family only, whichever of its
+    # two names the compiling dialect has.
+    return statement.with_hint(statement.get_final_froms()[0], f"FORCE INDEX ({index})", "*")
+
+
 def always_cascades(dialect: Dialect | str) -> bool:
-    """True where ``ON DELETE CASCADE`` runs on every connection (PostgreSQL).
+    """True where ``ON DELETE CASCADE`` runs on every connection (PostgreSQL, InnoDB).
 
     SQLite enforces foreign keys only on connections that turn them on
     (engine.py does; the Go releases and the migrations' table rebuilds do not).
     """
-    return dialect_name(dialect) == "postgresql"
+    return dialect_name(dialect) != "sqlite"
+
+
+def child_insert_locks_parent(dialect: Dialect | str) -> bool:
+    """True where inserting a child row share-locks its parent run (InnoDB).
+
+    InnoDB's foreign-key check takes a shared lock on the ``relay_runs`` row,
+    which conflicts with the exclusive lock ``update_node`` takes on it first;
+    a call that locks a child row before inserting another child (``register_
+    node_session``) must then lock the run first, or the two deadlock.
+    PostgreSQL's check takes ``KEY SHARE``, which an update of non-key columns
+    does not conflict with; SQLite has one write lock.
+    """
+    return dialect_name(dialect) == "mysql"
 
 
 def read_only_view(engine: Engine) -> Engine:
@@ -72,8 +181,13 @@ def read_only_view(engine: Engine) -> Engine:
     Reads need no transaction around one statement: on PostgreSQL autocommit
     skips the BEGIN/ROLLBACK round trips (2.7x faster reads measured here); on
     SQLite the connection listener skips its ``BEGIN IMMEDIATE`` so readers
-    never queue behind writers for the write lock.
+    never queue behind writers for the write lock. MySQL drivers send no
+    ``BEGIN`` anyway, and switching autocommit would cost a round trip each
+    way: reads use the engine as it is (a consistent read, no locks).
     """
-    if dialect_name(engine.dialect) == "postgresql":
+    family = dialect_name(engine.dialect)
+    if family == "postgresql":
         return engine.execution_options(isolation_level="AUTOCOMMIT")
+    if family == "mysql":
+        return engine
     return engine.execution_options(relay_read_only=True)

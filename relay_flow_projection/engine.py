@@ -14,9 +14,10 @@ from typing import TYPE_CHECKING, Any
 import sqlalchemy
 from sqlalchemy import event
 from sqlalchemy.engine import URL, Connection, Engine, make_url
-from sqlalchemy.exc import ArgumentError
+from sqlalchemy.exc import ArgumentError, DisconnectionError
 from sqlalchemy.pool import AsyncAdaptedQueuePool
 
+from .column_types import MYSQL_DIALECTS
 from .errors import NotAProjectionDatabase, ProjectionError
 
 if TYPE_CHECKING:
@@ -39,6 +40,13 @@ BUSY_TIMEOUT_MS = round(DEFAULT_LOCK_TIMEOUT * 1000)
 JOURNAL_SIZE_LIMIT = 64 * 1024 * 1024
 SQLITE_MAGIC = b"SQLite format 3\x00"
 FILE_MODE = 0o600
+# MySQL/MariaDB: how much longer than lock_timeout a reply may take before the
+# server counts as gone (PyMySQL's read_timeout), and the part of the server's
+# wait_timeout after which an idle pooled connection is replaced.
+READ_TIMEOUT_MARGIN = 30.0
+IDLE_FRACTION = 0.9
+_IDLE_LIMIT = "relay_idle_limit"
+_IDLE_SINCE = "relay_idle_since"
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,10 +93,18 @@ def _parse_url(target: str) -> URL:
         ) from None
     except ArgumentError as exc:
         raise ProjectionError(f"invalid database URL: {exc}") from None
-    if url.drivername == "postgresql":
-        # The driver this package installs (extra "postgresql"), not psycopg2.
-        url = url.set(drivername="postgresql+psycopg")
-    return url
+    backend, plus, driver = url.drivername.partition("+")
+    if backend == "postgres":  # Heroku's and libpq's spelling (API.md accepts it)
+        backend = "postgresql"
+    if not plus:
+        # The drivers this package installs (extras "postgresql", "mysql"), not
+        # SQLAlchemy's defaults (psycopg2, mysqlclient), which need C headers.
+        driver = _DEFAULT_DRIVERS.get(backend, "")
+    drivername = f"{backend}+{driver}" if driver else backend
+    return url if drivername == url.drivername else url.set(drivername=drivername)
+
+
+_DEFAULT_DRIVERS = {"postgresql": "psycopg", "mysql": "pymysql", "mariadb": "pymysql"}
 
 
 def check_sqlite_file(path: Path) -> None:
@@ -233,6 +249,8 @@ def _utc_session(dbapi_connection: Any, _record: Any) -> None:
 _DRIVER_EXTRAS = {
     "psycopg": "postgresql",
     "asyncpg": "asyncpg",
+    "pymysql": "mysql",
+    "aiomysql": "mysql,async",
     "aiosqlite": "async",
     "greenlet": "async",
 }
@@ -244,7 +262,10 @@ def _missing_driver(exc: ImportError, url: URL) -> ProjectionError:
     advice = (
         f'; install it with pip install "relay-flow-projection[{extra}]"'
         if extra
-        else "; relay-flow-projection supports sqlite, postgresql+psycopg and postgresql+asyncpg"
+        else (
+            "; relay-flow-projection supports sqlite, postgresql+psycopg, postgresql+asyncpg, "
+            "mysql+pymysql, mariadb+pymysql and mysql+aiomysql"
+        )
     )
     return ProjectionError(
         f"the database driver for {url.drivername} is not installed ({exc}){advice}"
@@ -288,6 +309,26 @@ def _postgresql_connect_args(
     return args
 
 
+def _mysql_connect_args(
+    driver: str, connect_timeout: float, read_timeout: float | None, given: dict[str, Any]
+) -> dict[str, Any]:
+    """PyMySQL's (and aiomysql's) arguments: bounded waits for a dead server, utf8mb4.
+
+    Without a read timeout a client whose server vanished (a failover, a
+    dropped route) waits for TCP to give up -- two hours and more. PyMySQL's
+    ``read_timeout`` bounds every wait for a reply; it is set well above the
+    longest a call may legitimately wait (its lock waits, bounded by
+    lock_timeout). aiomysql has no read timeout (README, MySQL and MariaDB).
+    """
+    args = dict(given)
+    args.setdefault("connect_timeout", connect_timeout)
+    args.setdefault("charset", "utf8mb4")
+    if driver == "pymysql" and read_timeout is not None:
+        args.setdefault("read_timeout", read_timeout)
+        args.setdefault("write_timeout", read_timeout)
+    return args
+
+
 def _unnamed_statement() -> str:
     return ""  # the protocol's unnamed prepared statement
 
@@ -306,8 +347,13 @@ def engine_arguments(
     lock_timeout: float,
     connect_timeout: float,
     engine_kwargs: dict[str, Any],
+    long_statements: bool = False,
 ) -> tuple[URL, dict[str, Any]]:
-    """The URL and ``create_engine`` keyword arguments, for sync and async engines alike."""
+    """The URL and ``create_engine`` keyword arguments, for sync and async engines alike.
+
+    *long_statements*: statements may run for minutes (the migrations' index
+    builds), so no read timeout cuts them off.
+    """
     _check_timeouts(lock_timeout, connect_timeout)
     kwargs = dict(engine_kwargs)
     options = dict(kwargs.pop("execution_options", None) or {})
@@ -318,7 +364,20 @@ def engine_arguments(
         kwargs["connect_args"] = _postgresql_connect_args(
             url.get_driver_name(), connect_timeout, kwargs.get("connect_args") or {}
         )
+    elif is_mysql_url(url):
+        read_timeout = None if long_statements else lock_timeout + READ_TIMEOUT_MARGIN
+        kwargs["connect_args"] = _mysql_connect_args(
+            url.get_driver_name(), connect_timeout, read_timeout, kwargs.get("connect_args") or {}
+        )
+        # READ COMMITTED: no gap locks on the ranges a statement reads, which
+        # under REPEATABLE READ (the server's default) deadlocked concurrent
+        # writers of neighbouring keys; every operation reads what it locks.
+        kwargs.setdefault("isolation_level", "READ COMMITTED")
     return url, kwargs
+
+
+def is_mysql_url(url: URL) -> bool:
+    return url.get_backend_name() in MYSQL_DIALECTS
 
 
 def prepare_sqlite_file(resolved: ResolvedTarget, *, read_only: bool) -> URL:
@@ -339,6 +398,46 @@ def prepare_sqlite_file(resolved: ResolvedTarget, *, read_only: bool) -> URL:
     return url
 
 
+def _install_mysql_listeners(engine: Engine, lock_timeout: float) -> None:
+    """Session settings on every new connection, and no connection reused past the
+    server's idle limit."""
+    # Whole seconds: the server's lock waits take no fractions (at least 1 s).
+    seconds = max(1, math.ceil(lock_timeout))
+    settings = (
+        "SET SESSION time_zone = '+00:00', "
+        # Strict: an over-long or invalid value is an error, never truncated.
+        "sql_mode = 'STRICT_ALL_TABLES,NO_ENGINE_SUBSTITUTION', "
+        f"innodb_lock_wait_timeout = {int(seconds)}, lock_wait_timeout = {int(seconds)}"
+    )
+
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_connection: Any, record: Any) -> None:
+        cursor = dbapi_connection.cursor()
+        try:
+            cursor.execute(settings)
+            cursor.execute("SELECT @@SESSION.wait_timeout")
+            (wait_timeout,) = cursor.fetchone()
+        finally:
+            cursor.close()
+        record.info[_IDLE_LIMIT] = float(wait_timeout) * IDLE_FRACTION
+        record.info.pop(_IDLE_SINCE, None)
+
+    @event.listens_for(engine, "checkin")
+    def _on_checkin(dbapi_connection: Any, record: Any) -> None:
+        record.info[_IDLE_SINCE] = time.monotonic()
+
+    @event.listens_for(engine, "checkout")
+    def _on_checkout(dbapi_connection: Any, record: Any, proxy: Any) -> None:
+        # The server closes a connection idle for wait_timeout seconds (read
+        # from the server: managed databases set it anywhere from minutes to
+        # 8 h). One idle for most of that is replaced before it is used: the
+        # pool catches DisconnectionError and connects anew.
+        since = record.info.get(_IDLE_SINCE)
+        limit = record.info.get(_IDLE_LIMIT)
+        if since is not None and limit is not None and time.monotonic() - since >= limit:
+            raise DisconnectionError("idle for most of the server's wait_timeout")
+
+
 def install_listeners(
     engine: Engine, *, foreign_keys: bool, read_only: bool, lock_timeout: float
 ) -> None:
@@ -348,6 +447,8 @@ def install_listeners(
         )
     elif engine.dialect.name == "postgresql":
         event.listen(engine, "connect", _utc_session)
+    elif engine.dialect.name in MYSQL_DIALECTS:
+        _install_mysql_listeners(engine, lock_timeout)
 
 
 def build_engine(
@@ -357,6 +458,7 @@ def build_engine(
     read_only: bool = False,
     lock_timeout: float = DEFAULT_LOCK_TIMEOUT,
     connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
+    long_statements: bool = False,
     **engine_kwargs: Any,
 ) -> Engine:
     """An engine for *resolved*; the SQLite file is checked (and created 0600) first."""
@@ -365,6 +467,7 @@ def build_engine(
         lock_timeout=lock_timeout,
         connect_timeout=connect_timeout,
         engine_kwargs=engine_kwargs,
+        long_statements=long_statements,
     )
     if resolved.is_sqlite:
         url = prepare_sqlite_file(resolved, read_only=read_only)
@@ -406,10 +509,14 @@ def create_async_engine(
 
     A path or sqlite:///... runs on aiosqlite, postgresql:// and
     postgresql+psycopg:// on psycopg's asyncio mode, postgresql+asyncpg:// on
-    asyncpg. The listeners are the sync engine's: SQLAlchemy runs them inside
-    the greenlet that drives the async driver.
+    asyncpg, mysql:// and mariadb:// (PyMySQL's URLs) on aiomysql. The listeners
+    are the sync engine's: SQLAlchemy runs them inside the greenlet that drives
+    the async driver.
     """
     resolved = resolve_target(target)
+    if is_mysql_url(resolved.url) and resolved.url.get_driver_name() == "pymysql":
+        async_url = resolved.url.set(drivername=f"{resolved.url.get_backend_name()}+aiomysql")
+        resolved = ResolvedTarget(async_url, None)
     url, kwargs = engine_arguments(
         resolved,
         lock_timeout=lock_timeout,

@@ -26,7 +26,9 @@ Transactions
   pool: a fair queue instead of threads spinning inside ``busy_timeout``. On
   PostgreSQL the transaction starts with ``SET LOCAL lock_timeout``: a
   transaction-scoped setting is the only kind a transaction-pooling
-  PgBouncer carries to the server connection that runs the statements.
+  PgBouncer carries to the server connection that runs the statements. On
+  MySQL/MariaDB the session's ``innodb_lock_wait_timeout`` (set on connect,
+  whole seconds) bounds lock waits; READ COMMITTED keeps gap locks out.
 * ``lock_timeout`` is one budget per call: on SQLite, what the in-process queue
   used is taken off the busy timeout of that transaction.
 * A write that deletes every row referring to what it deletes itself (the
@@ -37,7 +39,10 @@ Retries
 -------
 Every write is an idempotent durable activity, so a call whose connection
 turns out dead (the server restarted, failed over, or a pooler dropped it) is
-run once more on a fresh connection. SQLAlchemy has already invalidated the
+run once more on a fresh connection, and one whose transaction the server
+rolled back to break a deadlock (PostgreSQL 40P01, MySQL 1213) up to
+``DEADLOCK_ATTEMPTS`` times in all, after a short random pause
+(``_retry_delay``). SQLAlchemy has already invalidated the
 whole pool when it saw the disconnect, so the retry gets a new connection and
 no later call receives one broken by the same outage -- without a ping on
 every checkout. A failure to connect is never retried here: waiting twice for
@@ -47,7 +52,9 @@ every checkout. A failure to connect is never retried here: waiting twice for
 from __future__ import annotations
 
 import asyncio
+import itertools
 import os
+import random
 import sqlite3
 import sys
 import threading
@@ -131,6 +138,24 @@ _SQLSTATES_BUSY = ("55P03", "57014", "40001", "40P01")
 _SQLSTATES_UNAVAILABLE = ("57P01", "57P02", "57P03", "53300", "25006")
 
 
+# MySQL/MariaDB error numbers (the first argument of PyMySQL's and aiomysql's errors).
+_MYSQL_DEADLOCK = 1213
+_MYSQL_BUSY = (1205, _MYSQL_DEADLOCK)  # lock wait timeout, deadlock
+_MYSQL_MISSING_SCHEMA = (1146, 1054)  # no such table / column
+_MYSQL_FOREIGN_KEY = 1452
+# Data too long, incorrect string / datetime / integer value, out of range,
+# truncated, NULL into NOT NULL: the value, not the database, is wrong.
+_MYSQL_BAD_VALUE = (1406, 1366, 1292, 1264, 1265, 1367, 1048)
+# Cannot connect (socket, TCP, host), server gone / connection lost, killed,
+# shutting down, too many connections, a read-only server (a demoted primary).
+_MYSQL_UNAVAILABLE = (2002, 2003, 2005, 2006, 2013, 2014, 2055, 1927, 4031, 1053, 1040, 1290)
+# Access denied (user, password, database grant, auth plugin), unknown database:
+# calling again cannot help.
+_MYSQL_REFUSED_LOGIN = (1044, 1045, 1698)
+_MYSQL_UNKNOWN_DATABASE = 1049
+DEADLOCK_ATTEMPTS = 4
+
+
 def _sqlite_code(orig: BaseException) -> int | None:
     code = getattr(orig, "sqlite_errorcode", None)
     return code if isinstance(code, int) else None
@@ -145,8 +170,9 @@ def translate_error(
 ) -> BaseException:
     """The API.md error for a driver or SQLAlchemy exception raised during *subject*.
 
-    The one place that maps driver errors, by SQLite result code and
-    PostgreSQL SQLSTATE wherever the driver gives one. Errors of this package
+    The one place that maps driver errors, by SQLite result code, PostgreSQL
+    SQLSTATE and MySQL error number wherever the driver gives one; a value the
+    database refuses (MySQL's strict mode) is a ``ValueError``. Errors of this package
     pass through unchanged; anything unrecognised becomes a ``ProjectionError``
     naming *subject*.
     """
@@ -175,7 +201,22 @@ def _unwrapped_driver_error(exc: BaseException) -> bool:
     """
     if isinstance(exc, sqlite3.Error):
         return True
-    return _psycopg_error(exc, "Error")
+    return _psycopg_error(exc, "Error") or _mysql_code(exc) is not None
+
+
+def _mysql_code(value: object) -> int | None:
+    """The MySQL error number of one of PyMySQL's exceptions (aiomysql raises them
+    too); looked up only if something already imported PyMySQL."""
+    pymysql = sys.modules.get("pymysql")
+    if pymysql is None or not isinstance(value, pymysql.err.MySQLError):
+        return None
+    code = value.args[0] if value.args else None
+    return code if isinstance(code, int) else None
+
+
+def is_deadlock(orig: object) -> bool:
+    """The server broke a deadlock by rolling this transaction back (all of it)."""
+    return getattr(orig, "sqlstate", None) == "40P01" or _mysql_code(orig) == _MYSQL_DEADLOCK
 
 
 def _psycopg_error(value: object, *classes: str) -> bool:
@@ -189,7 +230,7 @@ def _psycopg_error(value: object, *classes: str) -> bool:
 
 def _translate_driver_error(
     exc: BaseException, orig: Any, subject: str, missing_run: str | None, waited: str
-) -> ProjectionError:
+) -> BaseException:
     text = str(orig).strip().splitlines()[0] if str(orig).strip() else type(orig).__name__
     code = _sqlite_code(orig)
     if code is not None or isinstance(orig, sqlite3.Error):
@@ -207,6 +248,9 @@ def _translate_driver_error(
         if "no such table" in text or "no such column" in text:  # SQLITE_ERROR has no subcode
             return _schema_out_of_date(subject)
         return ProjectionError(f"{subject}: {text}")
+    mysql_code = _mysql_code(orig)
+    if mysql_code is not None:
+        return _translate_mysql_error(exc, mysql_code, orig, subject, missing_run, waited)
     sqlstate = getattr(orig, "sqlstate", None)
     if sqlstate == _SQLSTATE_FOREIGN_KEY and missing_run is not None:
         return RunNotFound(f"run {missing_run!r} not found")
@@ -221,6 +265,35 @@ def _translate_driver_error(
         # psycopg reports refused, timed-out and closed connections without a SQLSTATE
         or (sqlstate is None and _connection_failure(exc, orig))
     ):
+        return DatabaseUnavailable(f"{subject}: the database is unavailable: {text}")
+    return ProjectionError(f"{subject}: {text}")
+
+
+def _translate_mysql_error(
+    exc: BaseException,
+    code: int,
+    orig: BaseException,
+    subject: str,
+    missing_run: str | None,
+    waited: str,
+) -> BaseException:
+    text = str(orig.args[1]) if len(orig.args) > 1 else str(orig)
+    if code == _MYSQL_FOREIGN_KEY and missing_run is not None:
+        return RunNotFound(f"run {missing_run!r} not found")
+    if code in _MYSQL_MISSING_SCHEMA:
+        return _schema_out_of_date(subject)
+    if code in _MYSQL_BUSY:
+        return DatabaseBusy(f"{subject}: a lock held by another session was not released{waited}")
+    if code in _MYSQL_BAD_VALUE:
+        return ValueError(f"{subject}: the database refused a value: {text}")
+    if code == _MYSQL_UNKNOWN_DATABASE:
+        return ProjectionError(f"{subject}: the database does not exist ({text})")
+    if code in _MYSQL_REFUSED_LOGIN:
+        return ProjectionError(
+            f"{subject}: the server refused the login ({text}); check the user, "
+            "its password and its grants"
+        )
+    if code in _MYSQL_UNAVAILABLE or (isinstance(exc, DBAPIError) and exc.connection_invalidated):
         return DatabaseUnavailable(f"{subject}: the database is unavailable: {text}")
     return ProjectionError(f"{subject}: {text}")
 
@@ -240,9 +313,23 @@ def _schema_out_of_date(subject: str) -> SchemaOutOfDate:
     )
 
 
-def _may_retry(exc: DBAPIError, attempt: int, connected: bool) -> bool:
-    """Retry once, and only a call that had a connection and lost it."""
-    return attempt == 1 and connected and exc.connection_invalidated
+def _retry_delay(exc: DBAPIError, attempt: int, connected: bool) -> float | None:
+    """Seconds to pause before running a failed call again, or None: raise *exc*.
+
+    Only failures after which nothing of the attempt committed are repeated
+    (every write is idempotent, so the repeat repairs, never corrupts):
+    * a call that had a connection and lost it: once, at once (the pool was
+      invalidated with it, so the repeat gets a fresh connection). A failure
+      to connect is not repeated: it would only double the wait.
+    * a deadlock, which the server broke by rolling this transaction back:
+      up to DEADLOCK_ATTEMPTS in all, after a random pause that grows, so
+      that the same two transactions do not meet again in step.
+    """
+    if exc.connection_invalidated:
+        return 0.0 if attempt == 1 and connected else None
+    if attempt < DEADLOCK_ATTEMPTS and is_deadlock(exc.orig):
+        return random.uniform(0.002, 0.01) * attempt
+    return None
 
 
 # ------------------------------------------------------- transactions ---
@@ -263,8 +350,11 @@ def run_in_transaction(conn: Connection, operation: Operation[T], budget: float)
         ):
             return operation.body(conn)
     with conn.begin():
-        # An integer of milliseconds: nothing user-supplied reaches the text.
-        conn.exec_driver_sql(f"SET LOCAL lock_timeout = {int(max(1, round(budget * 1000)))}")
+        if conn.dialect.name == "postgresql":
+            # An integer of milliseconds: nothing user-supplied reaches the text.
+            conn.exec_driver_sql(f"SET LOCAL lock_timeout = {int(max(1, round(budget * 1000)))}")
+        # MySQL/MariaDB: innodb_lock_wait_timeout is the session's, set when it
+        # connected (engine.py); with no writer queue the budget is all of it.
         return operation.body(conn)
 
 
@@ -459,16 +549,18 @@ class SyncExecutor:
         try:
             with self._queue(operation) as budget:
                 engine = self._engine if operation.writes else self._reader
-                for attempt in (1, 2):
+                for attempt in itertools.count(1):
                     connected = False
                     try:
                         with engine.connect() as conn:
                             connected = True
                             return run_in_transaction(conn, operation, budget)
                     except DBAPIError as exc:
-                        if not _may_retry(exc, attempt, connected):
+                        delay = _retry_delay(exc, attempt, connected)
+                        if delay is None:
                             raise
-                raise AssertionError("unreachable: the second attempt returns or raises")
+                        time.sleep(delay)
+                raise AssertionError("unreachable: every attempt returns or raises")
         except (SQLAlchemyError, sqlite3.Error, OSError) as exc:
             raise translate_error(
                 exc,
@@ -579,7 +671,7 @@ class AsyncExecutor:
         ``run``); a second task per call cost two more trips through the event loop.
         """
         engine = self._engine if operation.writes else self._reader
-        for attempt in (1, 2):
+        for attempt in itertools.count(1):
             connected = False
             try:
                 conn = await engine.connect().start()
@@ -589,6 +681,8 @@ class AsyncExecutor:
                 finally:
                     await conn.close()
             except DBAPIError as exc:
-                if not _may_retry(exc, attempt, connected):
+                delay = _retry_delay(exc, attempt, connected)
+                if delay is None:
                     raise
-        raise AssertionError("unreachable: the second attempt returns or raises")
+                await asyncio.sleep(delay)
+        raise AssertionError("unreachable: every attempt returns or raises")

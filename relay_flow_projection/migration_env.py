@@ -21,7 +21,7 @@ from alembic.script import ScriptDirectory
 from alembic.util import CommandError
 from sqlalchemy import BigInteger, bindparam, func, literal, select, text
 from sqlalchemy.engine import URL, Connection, Engine
-from sqlalchemy.exc import ArgumentError, NoSuchModuleError
+from sqlalchemy.exc import ArgumentError, DBAPIError, NoSuchModuleError
 from sqlalchemy.pool import NullPool
 
 from .dialect import dialect_name
@@ -128,11 +128,19 @@ def migration_lock(engine: Engine, timeout: float, subject: str) -> Iterator[Non
     it. The waiter polls ``pg_try_advisory_xact_lock`` and gives up after
     *timeout* seconds with a DatabaseBusy naming the holder.
 
+    MySQL/MariaDB: a named lock (``GET_LOCK``) on a connection of its own,
+    held for the whole chain (see :class:`_MySQLLock`).
+
     SQLite: an exclusive ``flock`` on ``<database>.migrate-lock`` (0600),
     removed again by its holder (see :func:`_sqlite_file_lock`).
     """
-    if dialect_name(engine.dialect) == "postgresql":
+    family = dialect_name(engine.dialect)
+    if family == "postgresql":
         with _PostgresLock(engine, timeout, subject).hold():
+            yield
+        return
+    if family == "mysql":
+        with _MySQLLock(engine, timeout, subject).hold():
             yield
         return
     with _sqlite_file_lock(engine.url.database, timeout, subject):
@@ -188,6 +196,65 @@ class _PostgresLock:
             f"{self.subject}: the migration lock is held by {who}; gave up after "
             f"{self.timeout:g} s (set {LOCK_TIMEOUT_ENVIRONMENT_VARIABLE} to wait longer)"
         )
+
+
+class _MySQLLock:
+    """The MySQL/MariaDB migration lock of :func:`migration_lock`.
+
+    A named lock belongs to the session that took it: it is released when
+    that connection ends, however the upgrade ends (a kill, a lost network),
+    and the server waits for it itself, up to *timeout*. The name is per
+    database (64 characters at most): the chain's tables live in one.
+    """
+
+    def __init__(self, engine: Engine, timeout: float, subject: str) -> None:
+        self.engine = engine
+        self.timeout = timeout
+        self.subject = subject
+
+    @contextmanager
+    def hold(self) -> Iterator[None]:
+        with self.engine.connect() as connection:
+            name = connection.execute(MYSQL_LOCK_NAME).scalar_one()
+            got = connection.execute(
+                select(func.get_lock(bindparam("name"), bindparam("wait"))),
+                {"name": name, "wait": self.timeout},
+            ).scalar_one()
+            connection.rollback()  # no transaction stays open while the chain runs
+            if got != 1:
+                raise DatabaseBusy(self._busy_message(connection, name))
+            try:
+                yield
+            finally:
+                try:
+                    release = select(func.release_lock(bindparam("name")))
+                    connection.execute(release, {"name": name})
+                    connection.rollback()
+                except DBAPIError as exc:
+                    if not exc.connection_invalidated:
+                        raise
+                    # The connection is gone, and its lock went with it.
+
+    def _busy_message(self, connection: Connection, name: str) -> str:
+        holder = connection.execute(_MYSQL_LOCK_HOLDER, {"name": name}).first()
+        if holder is None:
+            who = "another upgrade (which has just finished)"
+        else:
+            session, host, seconds = holder
+            who = f"another upgrade, MySQL connection {session} from {host}, for {seconds} s"
+        return (
+            f"{self.subject}: the migration lock is held by {who}; gave up after "
+            f"{self.timeout:g} s (set {LOCK_TIMEOUT_ENVIRONMENT_VARIABLE} to wait longer)"
+        )
+
+
+MYSQL_LOCK_NAME = select(
+    func.concat("relay_flow_projection:", func.left(func.sha2(func.database(), 256), 40))
+)
+# The holder's session, and since when it has been in its current state.
+_MYSQL_LOCK_HOLDER = text(
+    "SELECT id, host, time FROM information_schema.processlist WHERE id = IS_USED_LOCK(:name)"
+)
 
 
 def _utc_text(value: datetime | None) -> str:
@@ -285,7 +352,11 @@ def adopt_unversioned(
     The stamp is committed on its own: an uncommitted stamp vanishes under
     SQLAlchemy 2.x and the next run finds "no such column" (Dagster #25686).
     """
-    if migration.get_current_heads():
+    if migration.get_current_heads() or dialect_name(connection.dialect) == "mysql":
+        # MySQL: no Go release wrote one, and relay tables without a version
+        # row are what a killed first revision left (MySQL commits each DDL
+        # statement): the chain runs again from 0001, whose steps skip what
+        # is done.
         connection.rollback()
         return
     revision = detect_legacy_generation(connection)
@@ -423,7 +494,13 @@ def _run_online(context: EnvironmentContext) -> None:
     # Through build_engine: a missing driver names the extra to install, and a
     # SQLite file that is not a database is refused before SQLite touches it.
     try:
-        engine = build_engine(resolved, foreign_keys=False, read_only=reading, poolclass=NullPool)
+        engine = build_engine(
+            resolved,
+            foreign_keys=False,
+            read_only=reading,
+            long_statements=True,
+            poolclass=NullPool,
+        )
     except ArgumentError as exc:
         raise url_error(exc) from exc
     try:
@@ -506,8 +583,8 @@ def url_error(exc: ArgumentError) -> ProjectionError:
     """
     if isinstance(exc, NoSuchModuleError):  # a dialect or driver SQLAlchemy does not know
         return ProjectionError(
-            f"invalid database URL: {exc}; relay-flow-projection supports sqlite:// "
-            "and postgresql+psycopg://"
+            f"invalid database URL: {exc}; relay-flow-projection supports sqlite://, "
+            "postgresql+psycopg:// and mysql+pymysql:// (or mariadb+pymysql://)"
         )
     return ProjectionError(f"invalid database URL: {exc}")
 

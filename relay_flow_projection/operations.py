@@ -32,6 +32,7 @@ from sqlalchemy.engine import Connection
 
 from . import statements as sql
 from . import validation as check
+from .dialect import child_insert_locks_parent
 from .errors import (
     IdentityMismatch,
     IdentityMissing,
@@ -70,7 +71,7 @@ def insert_start(start: RunStart, now: datetime) -> Operation[None]:
         "attempt_id": check.non_negative(start.attempt_id, "attempt_id") or 1,
         "repo": check.plain_text(start.repo, "repo"),
         "workflow": check.plain_text(start.workflow, "workflow"),
-        "ticket_id": check.plain_text(start.ticket_id, "ticket_id", key=False),
+        "ticket_id": check.plain_text(start.ticket_id, "ticket_id"),
         "ticket_key": check.plain_text(start.ticket_key, "ticket_key"),
         "state": RunState.STARTING.value,
         "now": require_aware(now, "now"),
@@ -131,7 +132,7 @@ def update_node(
         "run": check.required_text(run_id, "run_id"),
         "state": check.run_state(state).value,
         "node_name": check.required_text(node, "node"),
-        "visit": check.required_text(visit_id, "visit_id", key=False),
+        "visit": check.required_text(visit_id, "visit_id"),
         "now": now,
     }
 
@@ -298,9 +299,9 @@ def update_node_runtime(runtime: NodeRuntime, now: datetime) -> Operation[None]:
         "run": check.required_text(runtime.run_id, "run_id"),
         "node_name": check.required_text(runtime.node, "node"),
         "terminal": check.optional_text(runtime.terminal_id, "terminal_id", key=False),
-        "session": check.optional_text(runtime.session_id, "session_id", key=False),
+        "session": check.optional_text(runtime.session_id, "session_id"),
         # None is the empty binding's visit: as empty as "".
-        "visit": check.required_text(runtime.node_visit_id or "", "node_visit_id", key=False),
+        "visit": check.required_text(runtime.node_visit_id or "", "node_visit_id"),
         "now": now,
     }
 
@@ -317,7 +318,7 @@ def update_node_runtime_visit(
     params = {
         "run": check.required_text(run_id, "run_id"),
         "node_name": check.required_text(node, "node"),
-        "visit": check.required_text(visit_id, "visit_id", key=False),
+        "visit": check.required_text(visit_id, "visit_id"),
         "now": now,
     }
 
@@ -332,7 +333,7 @@ def node_runtime_visit_is_current(run_id: str, node: str, visit_id: str) -> Oper
     params = {
         "run": check.plain_text(run_id, "run_id"),
         "node_name": check.plain_text(node, "node"),
-        "visit": check.plain_text(visit_id, "visit_id", key=False),
+        "visit": check.plain_text(visit_id, "visit_id"),
     }
     return _exists(sql.NODE_VISIT_IS_CURRENT, params, f"node {node!r} of run {run_id!r}")
 
@@ -349,12 +350,11 @@ def replace_node_runtime(
     params = {
         "run": check.required_text(run_id, "run_id"),
         "node_name": check.required_text(node, "node"),
-        "visit": check.required_text(visit_id, "visit_id", key=False),
+        "visit": check.required_text(visit_id, "visit_id"),
         "terminal": check.optional_text(terminal_id, "terminal_id", key=False),
         # None (or '') matches a binding that has no session.
-        "previous": check.optional_text(previous_session_id, "previous_session_id", key=False)
-        or "",
-        "session": check.optional_text(session_id, "session_id", key=False),
+        "previous": check.optional_text(previous_session_id, "previous_session_id") or "",
+        "session": check.optional_text(session_id, "session_id"),
         "now": now,
     }
     subject = f"node {node!r} of run {run_id!r} visit {visit_id!r}"
@@ -405,6 +405,8 @@ def register_node_session(registration: NodeSessionRegistration, now: datetime) 
     }
 
     def body(conn: Connection) -> bool:
+        if child_insert_locks_parent(conn.dialect):
+            conn.execute(sql.LOCK_RUN, params)  # update_node's lock order: run, then binding
         current = conn.execute(sql.LOCK_CURRENT_VISIT, params).scalar_one_or_none()
         if current is None:
             return False
@@ -439,7 +441,7 @@ def record_processed_report(
 ) -> Operation[None]:
     params = {
         "run": check.required_text(run_id, "run_id"),
-        "visit": check.required_text(visit_id, "visit_id", key=False),
+        "visit": check.required_text(visit_id, "visit_id"),
         "report": check.required_text(report_id, "report_id"),
         "now": now,
     }

@@ -2,11 +2,14 @@
 
 Column names, types, keys and the ``ON DELETE CASCADE`` foreign keys are those
 of relay-flow 0.2.5 (``projection.go``), so databases written by the Go
-releases can be adopted in place. The Alembic chain in ``migrations/`` builds
+releases can be adopted in place. Text columns are identifiers or free text
+(column_types.py), which differ on MySQL/MariaDB only. The Alembic chain in ``migrations/`` builds
 exactly this; ``alembic check`` proves it in CI.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 from sqlalchemy import (
     CheckConstraint,
@@ -17,10 +20,10 @@ from sqlalchemy import (
     Integer,
     MetaData,
     Table,
-    Text,
     bindparam,
 )
 
+from .column_types import free_text, identifier
 from .models import TERMINAL_STATES
 from .timestamps import UtcDateTime
 
@@ -36,6 +39,15 @@ NAMING_CONVENTION = {
 }
 
 metadata = MetaData(naming_convention=NAMING_CONVENTION)
+
+# MySQL/MariaDB: InnoDB (foreign keys, transactions, row locks) and utf8mb4 for
+# the free-text columns, whatever the server's or database's defaults are.
+# Identifiers are binary (column_types.py), so the collation compares nothing.
+MYSQL_TABLE_OPTIONS: dict[str, Any] = {
+    "mysql_engine": "InnoDB",
+    "mysql_charset": "utf8mb4",
+    "mysql_collate": "utf8mb4_bin",
+}
 
 # Terminal states are rendered as SQL literals, never as bound parameters: the
 # planners only use the partial indexes below when the query's predicate is
@@ -53,34 +65,36 @@ executor_identity = Table(
     "relay_executor_identity",
     metadata,
     Column("singleton", Integer, primary_key=True, autoincrement=False),
-    Column("executor_plugin", Text, nullable=False),
-    Column("temporal_address", Text),
-    Column("temporal_namespace", Text),
+    Column("executor_plugin", free_text(), nullable=False),
+    Column("temporal_address", free_text()),
+    Column("temporal_namespace", free_text()),
     CheckConstraint("singleton = 1", name="singleton"),
+    **MYSQL_TABLE_OPTIONS,
 )
 
 runs = Table(
     "relay_runs",
     metadata,
-    Column("id", Text, primary_key=True),
+    Column("id", identifier(), primary_key=True),
     # Nullable as in the Go schema: rows older than attempts carry NULL/''/0,
     # which the adoption migration backfills and the read path maps anyway.
-    Column("logical_run_id", Text),
+    Column("logical_run_id", identifier()),
     Column("attempt_id", Integer),
-    Column("repo", Text, nullable=False),
-    Column("workflow", Text, nullable=False),
-    Column("ticket_id", Text, nullable=False),
-    Column("ticket_key", Text, nullable=False),
-    Column("state", Text, nullable=False),
-    Column("current_node", Text),
-    Column("current_node_visit_id", Text),
-    Column("last_error", Text),
-    Column("retry_error", Text),
+    Column("repo", identifier(), nullable=False),
+    Column("workflow", identifier(), nullable=False),
+    Column("ticket_id", identifier(), nullable=False),
+    Column("ticket_key", identifier(), nullable=False),
+    Column("state", identifier(), nullable=False),
+    Column("current_node", identifier()),
+    Column("current_node_visit_id", identifier()),
+    Column("last_error", free_text()),
+    Column("retry_error", free_text()),
     Column("retry_attempt", Integer),
     Column("next_retry_at", UtcDateTime()),
     Column("started_at", UtcDateTime(), nullable=False),
     Column("updated_at", UtcDateTime(), nullable=False),
     Column("finished_at", UtcDateTime()),
+    **MYSQL_TABLE_OPTIONS,
 )
 
 is_active = runs.c.state.not_in(_terminal_states())
@@ -120,7 +134,11 @@ Index(
 
 def _run_id_column() -> Column[str]:
     return Column(
-        "run_id", Text, ForeignKey(runs.c.id, ondelete="CASCADE"), nullable=False, primary_key=True
+        "run_id",
+        identifier(),
+        ForeignKey(runs.c.id, ondelete="CASCADE"),
+        nullable=False,
+        primary_key=True,
     )
 
 
@@ -128,30 +146,33 @@ node_runtime = Table(
     "relay_node_runtime",
     metadata,
     _run_id_column(),
-    Column("node", Text, primary_key=True),
-    Column("terminal_id", Text),
-    Column("session_id", Text),
-    Column("node_visit_id", Text, nullable=False),
+    Column("node", identifier(), primary_key=True),
+    Column("terminal_id", free_text()),
+    Column("session_id", identifier()),
+    Column("node_visit_id", identifier(), nullable=False),
     Column("updated_at", UtcDateTime(), nullable=False),
+    **MYSQL_TABLE_OPTIONS,
 )
 
 processed_reports = Table(
     "relay_processed_reports",
     metadata,
     _run_id_column(),
-    Column("report_id", Text, primary_key=True),
-    Column("node_visit_id", Text, nullable=False),
+    Column("report_id", identifier(), primary_key=True),
+    Column("node_visit_id", identifier(), nullable=False),
     Column("created_at", UtcDateTime(), nullable=False),
+    **MYSQL_TABLE_OPTIONS,
 )
 
 node_sessions = Table(
     "relay_node_sessions",
     metadata,
     _run_id_column(),
-    Column("node", Text, primary_key=True),
-    Column("session_id", Text, primary_key=True),
-    Column("node_visit_id", Text, nullable=False),
+    Column("node", identifier(), primary_key=True),
+    Column("session_id", identifier(), primary_key=True),
+    Column("node_visit_id", identifier(), nullable=False),
     Column("created_at", UtcDateTime(), nullable=False),
+    **MYSQL_TABLE_OPTIONS,
 )
 
 # Child tables in the order a run's rows are deleted (children before parent).

@@ -30,12 +30,11 @@ from sqlalchemy import (
     func,
     select,
     true,
-    tuple_,
     update,
 )
 from sqlalchemy.engine import Connection
 
-from .dialect import upsert_insert
+from .dialect import after_keyset, dialect_name, pages_by_index, upsert
 from .models import ExecutorIdentity, NodeRuntime, RetryStatus, Run, RunState
 from .schema import (
     executor_identity,
@@ -125,24 +124,17 @@ FIND_RUN_BY_LOGICAL_ID = (
 )
 
 
+_START_FIELDS = (
+    *("id", "logical_run_id", "attempt_id", "repo", "workflow"),
+    *("ticket_id", "ticket_key", "state"),
+)
+
+
 @cache
 def insert_start(dialect: str) -> Any:
-    return (
-        upsert_insert(dialect, runs)
-        .values(
-            id=bindparam("id"),
-            logical_run_id=bindparam("logical_run_id"),
-            attempt_id=bindparam("attempt_id"),
-            repo=bindparam("repo"),
-            workflow=bindparam("workflow"),
-            ticket_id=bindparam("ticket_id"),
-            ticket_key=bindparam("ticket_key"),
-            state=bindparam("state"),
-            started_at=bindparam("now"),
-            updated_at=bindparam("now"),
-        )
-        .on_conflict_do_nothing(index_elements=[runs.c.id])
-    )
+    values: dict[str, Any] = {name: bindparam(name) for name in _START_FIELDS}
+    values.update(started_at=bindparam("now"), updated_at=bindparam("now"))
+    return upsert(dialect, runs, values, key=["id"])
 
 
 _UPDATE_RUN = update(runs).where(runs.c.id == bindparam("run"))
@@ -171,16 +163,10 @@ UPDATE_CURRENT_NODE = _UPDATE_RUN.values(
 )
 
 
-@cache
-def _list_statement(
-    by_repo: bool,
-    by_workflow: bool,
-    by_ticket: bool,
-    active: bool | None,
-    keyset: bool,
-    limited: bool = False,
-) -> Select[Any]:
-    """One statement per filter shape; values arrive as bind parameters.
+def _filter_conditions(
+    by_repo: bool, by_workflow: bool, by_ticket: bool, active: bool | None
+) -> list[ColumnElement[bool]]:
+    """The conditions of a RunFilter's shape; values arrive as bind parameters.
 
     The activity predicate is the literal one of the partial indexes, so the
     planner can walk ``relay_runs_active_workflow`` in list order.
@@ -194,14 +180,41 @@ def _list_statement(
         conditions.append(runs.c.ticket_key == bindparam("ticket"))
     if active is not None:
         conditions.append(is_active if active else is_terminal)
+    return conditions
+
+
+@cache
+def _list_statement(
+    dialect: str,
+    by_repo: bool,
+    by_workflow: bool,
+    by_ticket: bool,
+    active: bool | None,
+    keyset: bool,
+    limited: bool,
+) -> Select[Any]:
+    """One statement per dialect and filter shape."""
+    conditions = _filter_conditions(by_repo, by_workflow, by_ticket, active)
     if keyset:
-        after = tuple_(
+        after = (
             bindparam("after_started_at", type_=UtcDateTime()),
             bindparam("after_id", type_=runs.c.id.type),
         )
-        conditions.append(tuple_(runs.c.started_at, runs.c.id) > after)
+        conditions.append(after_keyset(dialect, (runs.c.started_at, runs.c.id), after))
     statement = _SELECT_RUNS.where(and_(true(), *conditions)).order_by(runs.c.started_at, runs.c.id)
-    return statement.limit(bindparam("limit")) if limited else statement
+    if not limited:
+        return statement
+    page = statement.limit(bindparam("limit"))
+    if by_ticket:
+        return page  # a ticket's few runs: its own index, then a sort
+    index = (
+        "relay_runs_active_workflow"
+        if by_workflow
+        else "relay_runs_active_repo"
+        if by_repo
+        else "relay_runs_list_order"
+    )
+    return pages_by_index(dialect, page, index)
 
 
 def filter_parameters(
@@ -222,7 +235,8 @@ def list_runs(
     limit: int | None,
 ) -> list[Run]:
     shape, params = filter_parameters(repo, workflow, ticket)
-    statement = _list_statement(*shape, active, after is not None, limit is not None)
+    keyset, limited = after is not None, limit is not None
+    statement = _list_statement(dialect_name(conn.dialect), *shape, active, keyset, limited)
     if after is not None:
         params["after_started_at"] = after.started_at
         params["after_id"] = after.id
@@ -235,10 +249,8 @@ def list_runs(
 def _count_statement(
     by_repo: bool, by_workflow: bool, by_ticket: bool, active: bool | None
 ) -> Select[Any]:
-    inner = _list_statement(by_repo, by_workflow, by_ticket, active, False)
-    conditions = inner.whereclause
-    count = select(runs.c.state, func.count()).group_by(runs.c.state)
-    return count.where(conditions) if conditions is not None else count
+    conditions = _filter_conditions(by_repo, by_workflow, by_ticket, active)
+    return select(runs.c.state, func.count()).where(*conditions).group_by(runs.c.state)
 
 
 def count_runs(
@@ -285,48 +297,40 @@ LIST_NODE_RUNTIMES = (
     .order_by(node_runtime.c.node)
 )
 NODE_VISIT_IS_CURRENT = select(exists().where(_THIS_VISIT))
-# Row lock for register_node_session on PostgreSQL (a no-op clause on SQLite,
-# whose BEGIN IMMEDIATE already holds the database's single write lock).
+# Row locks for register_node_session on PostgreSQL and MySQL (a no-op clause on
+# SQLite, whose BEGIN IMMEDIATE already holds the database's single write lock).
 LOCK_CURRENT_VISIT = select(node_runtime.c.node_visit_id).where(_THIS_RUNTIME).with_for_update()
+# The run's row, locked first where a child insert share-locks it
+# (dialect.child_insert_locks_parent): the order update_node takes them in.
+LOCK_RUN = select(runs.c.id).where(runs.c.id == bindparam("run")).with_for_update()
+
+
+_RUNTIME_KEY = ["run_id", "node"]
+_RUNTIME_VISIT: dict[str, Any] = {
+    "run_id": bindparam("run"),
+    "node": bindparam("node_name"),
+    "node_visit_id": bindparam("visit"),
+    "updated_at": bindparam("now"),
+}
 
 
 @cache
 def upsert_node_runtime(dialect: str) -> Any:
     """Insert or overwrite every field of one binding."""
-    statement = upsert_insert(dialect, node_runtime).values(
-        run_id=bindparam("run"),
-        node=bindparam("node_name"),
-        terminal_id=bindparam("terminal"),
-        session_id=bindparam("session"),
-        node_visit_id=bindparam("visit"),
-        updated_at=bindparam("now"),
-    )
-    excluded = statement.excluded
-    return statement.on_conflict_do_update(
-        index_elements=[node_runtime.c.run_id, node_runtime.c.node],
-        set_={
-            "terminal_id": excluded.terminal_id,
-            "session_id": excluded.session_id,
-            "node_visit_id": excluded.node_visit_id,
-            "updated_at": excluded.updated_at,
-        },
-    )
+    fields = ["terminal_id", "session_id", "node_visit_id", "updated_at"]
+    values = {
+        **_RUNTIME_VISIT,
+        "terminal_id": bindparam("terminal"),
+        "session_id": bindparam("session"),
+    }
+    return upsert(dialect, node_runtime, values, key=_RUNTIME_KEY, overwrite=fields)
 
 
 @cache
 def upsert_node_visit(dialect: str) -> Any:
     """Insert a binding or move it to a new visit; terminal and session ids are kept."""
-    statement = upsert_insert(dialect, node_runtime).values(
-        run_id=bindparam("run"),
-        node=bindparam("node_name"),
-        node_visit_id=bindparam("visit"),
-        updated_at=bindparam("now"),
-    )
-    excluded = statement.excluded
-    return statement.on_conflict_do_update(
-        index_elements=[node_runtime.c.run_id, node_runtime.c.node],
-        set_={"node_visit_id": excluded.node_visit_id, "updated_at": excluded.updated_at},
-    )
+    fields = ["node_visit_id", "updated_at"]
+    return upsert(dialect, node_runtime, _RUNTIME_VISIT, key=_RUNTIME_KEY, overwrite=fields)
 
 
 # The stored session is replaced only where it equals the expected previous
@@ -360,23 +364,14 @@ def clear_node_runtime(clear_terminal: bool, clear_session: bool) -> Update:
 
 @cache
 def insert_session_once(dialect: str) -> Any:
-    return (
-        upsert_insert(dialect, node_sessions)
-        .values(
-            run_id=bindparam("run"),
-            node=bindparam("node_name"),
-            session_id=bindparam("session"),
-            node_visit_id=bindparam("visit"),
-            created_at=bindparam("now"),
-        )
-        .on_conflict_do_nothing(
-            index_elements=[
-                node_sessions.c.run_id,
-                node_sessions.c.node,
-                node_sessions.c.session_id,
-            ]
-        )
-    )
+    values: dict[str, Any] = {
+        "run_id": bindparam("run"),
+        "node": bindparam("node_name"),
+        "session_id": bindparam("session"),
+        "node_visit_id": bindparam("visit"),
+        "created_at": bindparam("now"),
+    }
+    return upsert(dialect, node_sessions, values, key=["run_id", "node", "session_id"])
 
 
 SESSION_FIRST_VISIT = select(node_sessions.c.node_visit_id).where(
@@ -402,18 +397,13 @@ HAS_PROCESSED_REPORT = select(
 
 @cache
 def record_processed_report(dialect: str) -> Any:
-    return (
-        upsert_insert(dialect, processed_reports)
-        .values(
-            run_id=bindparam("run"),
-            report_id=bindparam("report"),
-            node_visit_id=bindparam("visit"),
-            created_at=bindparam("now"),
-        )
-        .on_conflict_do_nothing(
-            index_elements=[processed_reports.c.run_id, processed_reports.c.report_id]
-        )
-    )
+    values: dict[str, Any] = {
+        "run_id": bindparam("run"),
+        "report_id": bindparam("report"),
+        "node_visit_id": bindparam("visit"),
+        "created_at": bindparam("now"),
+    }
+    return upsert(dialect, processed_reports, values, key=["run_id", "report_id"])
 
 
 # ------------------------------------------------------------ identity ---
@@ -433,13 +423,10 @@ def row_to_identity(row: Sequence[Any]) -> ExecutorIdentity:
 @cache
 def insert_identity_once(dialect: str) -> Any:
     """Insert the singleton marker unless one exists (concurrent callers: one wins)."""
-    return (
-        upsert_insert(dialect, executor_identity)
-        .values(
-            singleton=1,
-            executor_plugin=bindparam("executor_plugin"),
-            temporal_address=bindparam("temporal_address"),
-            temporal_namespace=bindparam("temporal_namespace"),
-        )
-        .on_conflict_do_nothing(index_elements=[executor_identity.c.singleton])
-    )
+    values: dict[str, Any] = {
+        "singleton": 1,
+        "executor_plugin": bindparam("executor_plugin"),
+        "temporal_address": bindparam("temporal_address"),
+        "temporal_namespace": bindparam("temporal_namespace"),
+    }
+    return upsert(dialect, executor_identity, values, key=["singleton"])

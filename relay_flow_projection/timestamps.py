@@ -1,6 +1,9 @@
 """One timestamp column type: aware UTC in, aware UTC out, microsecond precision.
 
-PostgreSQL stores ``TIMESTAMP WITH TIME ZONE``. SQLite has no time type, so the
+PostgreSQL stores ``TIMESTAMP WITH TIME ZONE``. MySQL and MariaDB store
+``DATETIME(6)`` (microseconds; plain ``DATETIME`` truncates to seconds) holding
+UTC wall-clock time: ``DATETIME`` has no zone, and ``TIMESTAMP`` would convert
+through the session's time zone and ends in 2038. SQLite has no time type, so the
 column is declared ``DATETIME`` (as relay-flow's Go releases declared it) and
 holds text in one fixed-width layout, ``YYYY-MM-DD HH:MM:SS.ffffff+00:00``:
 every stored value has the same offset and width, so text order is time order
@@ -18,8 +21,10 @@ from datetime import UTC, datetime
 from typing import Any
 
 from sqlalchemy import types
-from sqlalchemy.dialects import postgresql
+from sqlalchemy.dialects import mysql, postgresql
 from sqlalchemy.engine import Dialect
+
+from .column_types import MYSQL_DIALECTS
 
 
 def require_aware(value: datetime, what: str = "timestamp") -> datetime:
@@ -125,6 +130,8 @@ class UtcDateTime(types.TypeDecorator[datetime]):
             return dialect.type_descriptor(_SQLiteDateTimeText())
         if dialect.name == "postgresql":
             return dialect.type_descriptor(postgresql.TIMESTAMP(timezone=True))
+        if dialect.name in MYSQL_DIALECTS:
+            return dialect.type_descriptor(mysql.DATETIME(fsp=6))
         return dialect.type_descriptor(types.DateTime(timezone=True))
 
     def process_bind_param(self, value: datetime | None, dialect: Dialect) -> Any:
@@ -133,6 +140,8 @@ class UtcDateTime(types.TypeDecorator[datetime]):
         utc = require_aware(value)
         if dialect.name == "sqlite":
             return to_storage_text(utc)
+        if dialect.name in MYSQL_DIALECTS:
+            return utc.replace(tzinfo=None)  # DATETIME(6) holds UTC wall-clock time
         return utc
 
     def process_result_value(self, value: Any, dialect: Dialect) -> datetime | None:

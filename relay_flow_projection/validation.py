@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from .column_types import IDENTIFIER_BYTES
 from .models import Run, RunFilter, RunState
 from .timestamps import require_aware
 
@@ -11,10 +12,13 @@ from .timestamps import require_aware
 MAX_INTEGER = 2**31 - 1
 
 
-# Identifiers end up in primary keys and indexes. PostgreSQL refuses a B-tree
-# entry over ~2.7 kB, and the widest key (run, node, session) holds three
-# identifiers, so each is capped at 512 UTF-8 bytes on every database alike.
-MAX_KEY_BYTES = 512
+# Identifiers (run, node, visit, session, report, ticket ids and keys, repo,
+# workflow) end up in primary keys, indexes and compared columns. PostgreSQL
+# refuses a B-tree entry over ~2.7 kB, MySQL/MariaDB store them as
+# VARBINARY(512) (column_types.py; InnoDB keys end at 3,072 bytes), and the
+# widest key (run, node, session) holds three: each is capped at 512 UTF-8
+# bytes on every database alike, so a value one accepts the others accept.
+MAX_KEY_BYTES = IDENTIFIER_BYTES
 
 
 def _checked_str(value: object, name: str, key: bool) -> str:

@@ -1,12 +1,18 @@
-"""Shared fixtures: every test that is not SQLite-specific runs on SQLite and PostgreSQL.
+"""Shared fixtures: every test that is not SQLite-specific runs on SQLite, PostgreSQL
+and MariaDB (the "mysql" dialect).
 
-``db_url`` is parametrized over both databases; each test gets a fresh SQLite
-file or a fresh PostgreSQL schema (``search_path`` set through the URL, so
-the Alembic chain and the repository run unqualified, as in production).
+``db_url`` is parametrized over the three; each test gets a fresh SQLite file,
+a fresh PostgreSQL schema (``search_path`` set through the URL, so the Alembic
+chain and the repository run unqualified, as in production) or a fresh
+MySQL/MariaDB database.
 
 PostgreSQL comes from ``$RELAY_FLOW_TEST_POSTGRES_URL`` or the machine's server
-on 127.0.0.1:5432 (user postgres, trust auth). Without a reachable server the
-PostgreSQL cases skip with the reason; with ``CI=true`` they fail instead.
+on 127.0.0.1:5432 (user postgres, trust auth); MySQL/MariaDB from
+``$RELAY_FLOW_TEST_MYSQL_URL`` or the machine's server on 127.0.0.1:3306 (user
+root, no password). Without a reachable server those cases skip with the
+reason; with ``CI=true`` they fail instead. Each MySQL test database is made
+with a case-folding, space-padding collation (``utf8mb4_general_ci``, the
+server default here), so that nothing passes by relying on a kinder default.
 
 The functional suite (every test using ``projection``) also runs on
 PostgreSQL through a private PgBouncer in transaction pooling mode (the
@@ -56,7 +62,8 @@ DEFAULT_POSTGRES_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
 # the end: other runs may share the server, and nothing accumulates between
 # runs for a later one to trip over.
 TEST_DATABASE = f"relay_fp_test_{uuid.uuid4().hex[:12]}"
-DIALECTS = ("sqlite", "postgresql")
+DEFAULT_MYSQL_URL = "mysql+pymysql://root@127.0.0.1:3306/"
+DIALECTS = ("sqlite", "postgresql", "mysql")
 # How PostgreSQL is reached; RELAY_FLOW_TEST_ROUTES=direct leaves PgBouncer out
 # (.ci/run's run on the lowest declared versions does).
 ROUTES = tuple(os.environ.get("RELAY_FLOW_TEST_ROUTES", "direct,pgbouncer").split(","))
@@ -173,6 +180,63 @@ def postgres_schemas() -> Iterator[PostgresSchemas]:
     schemas.drop_all()
 
 
+def _mysql_admin_url() -> sa.URL:
+    return make_url(os.environ.get("RELAY_FLOW_TEST_MYSQL_URL", DEFAULT_MYSQL_URL))
+
+
+@cache
+def mysql_unavailable() -> str | None:
+    """None when the MySQL/MariaDB server answers, else the reason."""
+    admin = _mysql_admin_url()
+    try:
+        engine = sa.create_engine(admin, poolclass=NullPool)
+        with engine.connect() as connection:
+            connection.exec_driver_sql("SELECT 1")
+        engine.dispose()
+    except Exception as exc:  # any failure to reach the server is a reason to skip
+        return f"MySQL at {admin.render_as_string()} is unreachable: {exc}".splitlines()[0]
+    return None
+
+
+def require_mysql() -> None:
+    skip_or_fail(mysql_unavailable())
+
+
+@dataclass
+class MySQLDatabases:
+    """Creates a database per test and drops them all at the end of the session."""
+
+    created: list[str] = field(default_factory=list)
+    prefix: str = field(default_factory=lambda: f"relay_fp_{uuid.uuid4().hex[:8]}")
+
+    def new_url(self) -> str:
+        require_mysql()
+        name = f"{self.prefix}_{len(self.created)}"
+        self._admin(f"CREATE DATABASE `{name}` CHARACTER SET utf8mb4 COLLATE utf8mb4_general_ci")
+        self.created.append(name)
+        return _mysql_admin_url().set(database=name).render_as_string(hide_password=False)
+
+    def _admin(self, *statements: str) -> None:
+        engine = sa.create_engine(_mysql_admin_url(), poolclass=NullPool)
+        try:
+            with engine.connect() as connection:
+                for statement in statements:
+                    connection.exec_driver_sql(statement)
+        finally:
+            engine.dispose()
+
+    def drop_all(self) -> None:
+        if self.created and mysql_unavailable() is None:
+            self._admin(*(f"DROP DATABASE IF EXISTS `{name}`" for name in self.created))
+
+
+@pytest.fixture(scope="session")
+def mysql_databases() -> Iterator[MySQLDatabases]:
+    databases = MySQLDatabases()
+    yield databases
+    databases.drop_all()
+
+
 @pytest.fixture(params=DIALECTS)
 def dialect(request: pytest.FixtureRequest) -> str:
     return str(request.param)
@@ -190,10 +254,18 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 
 
 @pytest.fixture
-def db_url(dialect: str, route: str, tmp_path: Path, postgres_schemas: PostgresSchemas) -> str:
+def db_url(
+    dialect: str,
+    route: str,
+    tmp_path: Path,
+    postgres_schemas: PostgresSchemas,
+    mysql_databases: MySQLDatabases,
+) -> str:
     """An empty database of the parametrized dialect, as a target string."""
     if dialect == "postgresql":
         return postgres_schemas.new_url(route)
+    if dialect == "mysql":
+        return mysql_databases.new_url()
     return str(tmp_path / "projection.db")
 
 
@@ -210,11 +282,19 @@ def postgres_url(postgres_schemas: PostgresSchemas) -> str:
 
 
 @pytest.fixture
+def mysql_url(mysql_databases: MySQLDatabases) -> str:
+    """An empty MySQL/MariaDB database for MySQL-only tests."""
+    return mysql_databases.new_url()
+
+
+@pytest.fixture
 def migrated_url(db_url: str, dialect: str, postgres_schemas: PostgresSchemas) -> str:
     """*db_url* at head, built from the chain without running it once per test
     (copy_head_sqlite and replay_head_ddl below)."""
     if dialect == "postgresql":
         replay_head_ddl(postgres_schemas.schema_of(db_url))
+    elif dialect == "mysql":
+        replay_mysql_head_ddl(db_url)
     else:
         copy_head_sqlite(Path(db_url))
     return db_url
@@ -272,6 +352,30 @@ def replay_head_ddl(schema: str) -> None:
         engine.dispose()
 
 
+@cache
+def mysql_head_ddl() -> tuple[str, ...]:
+    """The chain's MySQL DDL up to head, statement by statement (PyMySQL runs one
+    statement per call), as ``alembic upgrade head --sql`` prints it."""
+    config = migration_config(DEFAULT_MYSQL_URL)
+    config.output_buffer = io.StringIO()
+    alembic_command.upgrade(config, "head", sql=True)
+    lines = config.output_buffer.getvalue().splitlines()
+    script = "\n".join(line for line in lines if not line.startswith("--"))
+    return tuple(part.strip() for part in script.split(";\n") if part.strip())
+
+
+def replay_mysql_head_ddl(url: str) -> None:
+    """Bring the empty MySQL database at *url* to head with mysql_head_ddl()."""
+    engine = sa.create_engine(url, poolclass=NullPool)
+    try:
+        with engine.connect() as connection:
+            for statement in mysql_head_ddl():
+                connection.exec_driver_sql(statement)
+            connection.commit()
+    finally:
+        engine.dispose()
+
+
 def archived(path: Path) -> list[dict[str, Any]]:
     """The JSON lines of a retention archive (gzip when its name ends in ``.gz``)."""
     opener: Any = gzip.open if path.name.endswith(".gz") else open
@@ -319,7 +423,7 @@ def facade(request: pytest.FixtureRequest) -> str:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """asyncpg and PgBouncer are PostgreSQL's: drop their SQLite combinations, not skip them.
+    """asyncpg and PgBouncer are PostgreSQL's: drop their other combinations, not skip them.
 
     Also drops the routes RELAY_FLOW_TEST_ROUTES leaves out, where a test names its own.
     """
@@ -329,7 +433,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         chosen = params.params if params is not None else {}
         postgresql_only = chosen.get("facade") == "asyncpg" or chosen.get("route") == "pgbouncer"
         left_out = "route" in chosen and chosen["route"] not in ROUTES
-        if left_out or (postgresql_only and chosen.get("dialect", "postgresql") == "sqlite"):
+        if left_out or (postgresql_only and chosen.get("dialect", "postgresql") != "postgresql"):
             drop.append(item)
         else:
             keep.append(item)
@@ -387,6 +491,11 @@ def observed_engine(projection: RunProjection) -> Engine:
     return cast(Engine, getattr(projection, "observed_engine", projection.engine))
 
 
+def text_of(value: object) -> object:
+    """A raw column value; MySQL's identifiers (VARBINARY) as the text they hold."""
+    return value.decode("utf-8") if isinstance(value, bytes) else value
+
+
 @pytest.fixture
 def table_rows(engine: Engine) -> Callable[[str], list[tuple[object, ...]]]:
     """Raw rows of one table, ordered, for asserting 'nothing changed'."""
@@ -397,17 +506,26 @@ def table_rows(engine: Engine) -> Callable[[str], list[tuple[object, ...]]]:
         key = ", ".join(column.name for column in schema_metadata.tables[table].primary_key)
         with engine.connect() as connection:
             rows = connection.exec_driver_sql(f"SELECT * FROM {table} ORDER BY {key}")
-            return [tuple(row) for row in rows]
+            # MySQL's identifiers are VARBINARY: compare them as the text they hold.
+            return [tuple(text_of(value) for value in row) for row in rows]
 
     return read
 
 
 @pytest.fixture(params=DIALECTS)
 def alembic_engine(
-    request: pytest.FixtureRequest, tmp_path: Path, postgres_schemas: PostgresSchemas
+    request: pytest.FixtureRequest,
+    tmp_path: Path,
+    postgres_schemas: PostgresSchemas,
+    mysql_databases: MySQLDatabases,
 ) -> Iterator[Engine]:
-    """pytest-alembic's engine on both databases (SQLite: foreign keys off, as for migrations)."""
-    target = postgres_schemas.new_url() if request.param == "postgresql" else str(tmp_path / "a.db")
+    """pytest-alembic's engine on every database (SQLite: foreign keys off, as for migrations)."""
+    if request.param == "postgresql":
+        target = postgres_schemas.new_url()
+    elif request.param == "mysql":
+        target = mysql_databases.new_url()
+    else:
+        target = str(tmp_path / "a.db")
     engine = build_engine(resolve_target(target), foreign_keys=False, poolclass=NullPool)
     yield engine
     engine.dispose()

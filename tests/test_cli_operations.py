@@ -296,10 +296,17 @@ def _peak_memory(target: str, *args: str) -> int:
     return int(done.stdout)
 
 
-def test_runs_list_all_keeps_memory_flat(db_url: str, postgres_schemas: Any) -> None:
+def test_runs_list_all_keeps_memory_flat(
+    db_url: str, dialect: str, postgres_schemas: Any, mysql_databases: Any
+) -> None:
     """Ten times the runs, the same peak: --all holds one page, however many runs match.
     (Holding every run would take megabytes more: about 1 kB per run.)"""
-    small, large = db_url, postgres_schemas.new_url() if "://" in db_url else f"{db_url}.large"
+    large = {
+        "postgresql": postgres_schemas.new_url,
+        "mysql": mysql_databases.new_url,
+        "sqlite": lambda: f"{db_url}.large",
+    }[dialect]()
+    small = db_url
     for target, count in ((small, 1_500), (large, 15_000)):
         upgrade(target)
         bulk_runs(target, terminal=count)

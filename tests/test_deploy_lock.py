@@ -16,11 +16,13 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.pool import NullPool
 
+from relay_flow_projection import upgrade
 from relay_flow_projection.engine import build_engine, resolve_target
 from relay_flow_projection.errors import DatabaseBusy, ProjectionError
 from relay_flow_projection.migrate import head_revision, run_upgrade
 from relay_flow_projection.migration_env import (
     LOCK_TIMEOUT_ENVIRONMENT_VARIABLE,
+    MYSQL_LOCK_NAME,
     URL_ENVIRONMENT_VARIABLE,
     migration_lock,
 )
@@ -104,6 +106,8 @@ def test_waiting_upgrader_gives_up_naming_the_holder(db_url: str) -> None:
     if db_url.startswith("postgresql"):
         assert "pid " in message
         assert "holding it since 20" in message
+    if db_url.startswith("mysql"):
+        assert "MySQL connection " in message
     # Once the holder is gone the same upgrade goes through.
     run_upgrade(db_url, lock_timeout=5)
     assert _versions(db_url) == [head_revision()]
@@ -146,7 +150,7 @@ def test_concurrent_upgrades_are_serialized_and_leave_no_lock(
     script = (
         "import sys; from relay_flow_projection import migrate; migrate.run_upgrade(sys.argv[1])"
     )
-    postgresql = resolve_target(db_url).path is None
+    postgresql = db_url.startswith("postgresql")
     with busy_pool(db_url, 3) if postgresql else nullcontext():
         upgraders = [
             subprocess.Popen(
@@ -164,11 +168,47 @@ def test_concurrent_upgrades_are_serialized_and_leave_no_lock(
     if path is not None:
         assert not Path(f"{path}.migrate-lock").exists()
         return
+    if not postgresql:
+        assert _named_lock_holder(db_url) is None
+        return
     assert _advisory_locks(db_url) == 0
     # Nothing left behind on any server connection: a direct upgrader is not kept waiting.
     direct = postgres_schemas.direct_url(db_url) if route == "pgbouncer" else db_url
     run_upgrade(direct, lock_timeout=2)
     assert _versions(direct) == [head_revision()]
+
+
+def _named_lock_holder(mysql_url: str) -> int | None:
+    """The connection holding the MySQL migration lock of *mysql_url*'s database, if any."""
+    engine = _engine(mysql_url)
+    try:
+        with engine.connect() as connection:
+            name = connection.execute(MYSQL_LOCK_NAME).scalar_one()
+            holder = connection.execute(sa.select(sa.func.is_used_lock(name))).scalar_one()
+            return None if holder is None else int(holder)
+    finally:
+        engine.dispose()
+
+
+def test_the_mysql_lock_goes_with_its_connection(mysql_url: str) -> None:
+    """A named lock belongs to its session: an upgrader whose connection dies (killed,
+    a network cut) leaves no lock behind for the next one to wait for."""
+    upgrade(mysql_url)
+    engine = _engine(mysql_url)
+    try:
+        with migration_lock(engine, 1.0, "test"):
+            holder = _named_lock_holder(mysql_url)
+            assert holder is not None
+            with pytest.raises(DatabaseBusy, match="MySQL connection"):
+                run_upgrade(mysql_url, lock_timeout=0.2)
+            killer = _engine(mysql_url)
+            with killer.connect() as connection:
+                connection.exec_driver_sql(f"KILL {holder}")
+            killer.dispose()
+            assert _named_lock_holder(mysql_url) is None
+            run_upgrade(mysql_url, lock_timeout=2)  # not kept waiting
+    finally:
+        engine.dispose()
 
 
 def test_the_lock_is_transaction_scoped(postgres_url: str) -> None:

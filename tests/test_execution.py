@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
+import pymysql
 import pytest
 import sqlalchemy as sa
 from fakes import FakeClock
@@ -196,6 +197,16 @@ def wrapped(migrated_url: str, dialect: str) -> Iterator[tuple[Engine, _Injector
 
         def creator() -> Any:
             return _Connection(sqlite3.connect(path, check_same_thread=False), injector)
+    elif dialect == "mysql":
+        injector = _Injector(pymysql.err.OperationalError)
+        url = resolved.url
+
+        def creator() -> Any:
+            connection = pymysql.connect(
+                host=url.host, port=url.port or 3306, user=url.username, database=url.database,
+                client_flag=pymysql.constants.CLIENT.FOUND_ROWS,  # as SQLAlchemy's dialect asks
+            )  # fmt: skip
+            return _Connection(connection, injector)
     else:
         injector = _Injector(psycopg.OperationalError)
         url = resolved.url
@@ -209,7 +220,7 @@ def wrapped(migrated_url: str, dialect: str) -> Iterator[tuple[Engine, _Injector
             return _Connection(psycopg.connect(conninfo, **extra), injector)  # type: ignore[arg-type]
 
     # No hstore probe on PostgreSQL: it needs psycopg's own Connection class.
-    extra: dict[str, Any] = {} if dialect == "sqlite" else {"use_native_hstore": False}
+    extra: dict[str, Any] = {"use_native_hstore": False} if dialect == "postgresql" else {}
     engine = create_engine(migrated_url, creator=creator, **extra)
     yield engine, injector
     engine.dispose()

@@ -3,13 +3,16 @@
 Each case runs a public method, records the statement the driver actually
 received (whichever execution path the repository took), and asks the
 database to plan exactly that statement with exactly those parameters:
-``EXPLAIN QUERY PLAN`` on SQLite, ``EXPLAIN`` on PostgreSQL.
+``EXPLAIN QUERY PLAN`` on SQLite, ``EXPLAIN`` on PostgreSQL and MariaDB.
 
 SQLite must walk the partial index in list order -- no temp b-tree sort, no
 table scan -- with or without ``ANALYZE`` statistics. On PostgreSQL, whose
 planner rightly prefers sequential scans on a small table, sequential scans
 are disabled for the ``EXPLAIN``: the case then shows that the partial index
 *can* answer the query, i.e. that the query's predicate matches the index's.
+MariaDB has no partial indexes: the same indexes hold every run, and the
+query must be answered from the expected one (after ``ANALYZE TABLE``), in
+its order where the query sorts, never by a full scan.
 No timing anywhere: speed is measured by ``benchmarks/run.py``.
 """
 
@@ -22,6 +25,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, Self
 
 import psycopg
+import pymysql
 import pytest
 from sqlalchemy.engine import Engine
 
@@ -79,6 +83,14 @@ class _RecordingPostgresCursor(psycopg.Cursor[Any]):
         return super().execute(query, params, **kwargs)
 
 
+class _RecordingMySQLCursor(pymysql.cursors.Cursor):
+    """Records the statement as PyMySQL sends it (parameters interpolated client-side)."""
+
+    def execute(self, query: Any, args: Any = None) -> int:
+        SENT.append((self.mogrify(query, args), None))
+        return super().execute(query, args)
+
+
 @dataclass
 class Planned:
     projection: RunProjection
@@ -99,8 +111,9 @@ class Planned:
         return self.plans_of(*self.sent_select(call))
 
     def plans_of(self, statement: str, parameters: Any) -> list[list[str]]:
-        """SQLite: the plan without statistics, then after ANALYZE; PostgreSQL: analyzed."""
-        if self.dialect == "postgresql":
+        """SQLite: the plan without statistics, then after ANALYZE; PostgreSQL, MariaDB:
+        analyzed."""
+        if self.dialect != "sqlite":
             return [self._plan(statement, parameters)]
         unanalyzed = self._plan(statement, parameters)
         with self.engine.connect() as connection:
@@ -115,6 +128,13 @@ class Planned:
                     "EXPLAIN QUERY PLAN " + statement, tuple(parameters)
                 ).fetchall()
                 plan = [str(row[3]) for row in rows]
+            elif self.dialect == "mysql":
+                # One line per table: "<table> <access type> key=<index> <Extra>".
+                result = connection.exec_driver_sql("EXPLAIN " + statement)
+                plan = [
+                    f"{row['table']} {row['type']} key={row['key']} {row['Extra'] or ''}"
+                    for row in result.mappings()
+                ]
             else:
                 connection.exec_driver_sql("SET LOCAL enable_seqscan = off")
                 rows = connection.exec_driver_sql(
@@ -128,11 +148,12 @@ class Planned:
 def planned_runs(migrated_url: str, dialect: str, *, analyze_sqlite: bool) -> Iterator[Planned]:
     """A recording projection on 3,000 runs, analyzed on PostgreSQL (and on SQLite
     when *analyze_sqlite*: Planned.plans_of analyzes it itself, after a first plan)."""
-    recording: dict[str, Any] = (
-        {"factory": _RecordingSQLiteConnection}
-        if dialect == "sqlite"
-        else {"cursor_factory": _RecordingPostgresCursor}
-    )
+    by_dialect: dict[str, dict[str, Any]] = {
+        "sqlite": {"factory": _RecordingSQLiteConnection},
+        "postgresql": {"cursor_factory": _RecordingPostgresCursor},
+        "mysql": {"cursorclass": _RecordingMySQLCursor},
+    }
+    recording = by_dialect[dialect]
     engine = create_engine(migrated_url, connect_args=recording)
     with engine.begin() as connection:
         connection.execute(runs.insert(), _run_rows())
@@ -140,6 +161,8 @@ def planned_runs(migrated_url: str, dialect: str, *, analyze_sqlite: bool) -> It
             # This schema's table only: a database-wide ANALYZE would lock every
             # table of every other test's schema (out of shared memory).
             connection.exec_driver_sql("ANALYZE relay_runs")
+        elif dialect == "mysql":
+            connection.exec_driver_sql("ANALYZE TABLE relay_runs")
         elif analyze_sqlite:
             connection.exec_driver_sql("ANALYZE")
     yield Planned(RunProjection(engine), engine, dialect)
@@ -161,13 +184,27 @@ def _assert_uses(plans: list[list[str]], index: str, dialect: str, *, ordered: b
         _assert_plan_uses(plan, index, dialect, ordered=ordered)
 
 
+# MariaDB has no partial indexes: an existence check or a whole listing of one
+# workflow's (repo's) active runs reads the (workflow, state) index, a range of
+# exactly the active runs.
+ON_MYSQL = {
+    "relay_runs_active_workflow": "relay_runs_workflow_state",
+    "relay_runs_active_repo": "relay_runs_repo_state",
+}
+
+
 def _assert_plan_uses(plan: list[str], index: str, dialect: str, *, ordered: bool) -> None:
     text = "\n".join(plan)
+    if dialect == "mysql" and not ordered:
+        index = ON_MYSQL.get(index, index)
     assert index in text, f"expected {index} in the plan:\n{text}"
     if dialect == "sqlite":
         assert "TEMP B-TREE" not in text, f"a sort in the plan:\n{text}"
         scans = [line for line in plan if line.startswith("SCAN relay_runs")]
         assert scans == [], f"a table scan in the plan:\n{text}"
+    elif dialect == "mysql":
+        assert not any(" ALL " in line for line in plan), f"a table scan in the plan:\n{text}"
+        assert not ordered or "filesort" not in text, f"a sort in the plan:\n{text}"
     elif ordered:
         assert not any(line.startswith("Sort") for line in plan), f"a sort in the plan:\n{text}"
 
@@ -227,10 +264,12 @@ def test_has_active_repo_uses_its_partial_index(planned: Planned) -> None:
 
 
 def test_count_sweepable_uses_the_sweepable_index(planned: Planned) -> None:
-    cutoff = T0 + timedelta(days=1)
+    # A cutoff that keeps most runs: MariaDB rightly scans a table half of whose
+    # rows match (no partial index there), and so would any planner.
+    cutoff = T0 + timedelta(hours=2)
     plan = planned.plans(lambda p: p.count_sweepable(cutoff))
     _assert_uses(plan, "relay_runs_sweepable", planned.dialect, ordered=False)
-    expected = sum(1 for index in range(24 * 60) if index % 40)  # finished before the cutoff
+    expected = sum(1 for index in range(2 * 60) if index % 40)  # finished before the cutoff
     assert planned.projection.count_sweepable(cutoff) == expected
 
 
@@ -250,13 +289,16 @@ def test_sweep_deletes_find_their_rows_by_key(planned: Planned) -> None:
     tables = [statement.split()[2] for statement, _ in deletes]
     per_batch = (
         ["relay_runs"]
-        if planned.dialect == "postgresql"  # the cascade deletes the child rows
+        if planned.dialect != "sqlite"  # the cascade deletes the child rows
         else ["relay_processed_reports", "relay_node_sessions", "relay_node_runtime", "relay_runs"]
     )
     assert tables[: len(per_batch)] == per_batch
     for (statement, parameters), table in zip(deletes, tables, strict=True):
-        assert len(parameters if planned.dialect == "sqlite" else parameters.values()) == 1
         text = "\n".join(planned._plan(statement, parameters))
+        if planned.dialect == "mysql":  # a literal IN list (PyMySQL interpolates)
+            assert f"{table} range key=PRIMARY" in text, text
+            continue
+        assert len(parameters if planned.dialect == "sqlite" else parameters.values()) == 1
         if planned.dialect == "sqlite":
             assert f"SEARCH {table} USING" in text, text
             assert f"SCAN {table}" not in text, text

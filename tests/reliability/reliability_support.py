@@ -173,6 +173,22 @@ _POSTGRESQL_AUDIT = (
 )
 
 
+_MYSQL_AUDIT = (
+    f"""CREATE TABLE {AUDIT_TABLE} (
+        seq BIGINT AUTO_INCREMENT PRIMARY KEY,
+        run_id VARBINARY(512), node VARBINARY(512), old_session VARBINARY(512),
+        new_session VARBINARY(512), old_visit VARBINARY(512), new_visit VARBINARY(512)
+    ) ENGINE=InnoDB""",
+    f"""CREATE TRIGGER {AUDIT_TABLE}_insert AFTER INSERT ON relay_node_runtime FOR EACH ROW
+        INSERT INTO {AUDIT_TABLE} (run_id, node, old_session, new_session, old_visit, new_visit)
+        VALUES (NEW.run_id, NEW.node, NULL, NEW.session_id, NULL, NEW.node_visit_id)""",
+    f"""CREATE TRIGGER {AUDIT_TABLE}_update AFTER UPDATE ON relay_node_runtime FOR EACH ROW
+        INSERT INTO {AUDIT_TABLE} (run_id, node, old_session, new_session, old_visit, new_visit)
+        VALUES (NEW.run_id, NEW.node, OLD.session_id, NEW.session_id,
+                OLD.node_visit_id, NEW.node_visit_id)""",
+)
+
+
 def install_runtime_audit(engine: Engine) -> None:
     """Log every change of relay_node_runtime, in the writer's own transaction.
 
@@ -180,7 +196,9 @@ def install_runtime_audit(engine: Engine) -> None:
     "a session is bound only under the visit it was registered for" can be
     checked for every bind, not just for the final state.
     """
-    statements = _POSTGRESQL_AUDIT if engine.dialect.name == "postgresql" else _SQLITE_AUDIT
+    statements = {"postgresql": _POSTGRESQL_AUDIT, "mysql": _MYSQL_AUDIT}.get(
+        engine.dialect.name, _SQLITE_AUDIT
+    )
     with engine.begin() as connection:
         for statement in statements:
             connection.exec_driver_sql(statement)

@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
+from conftest import text_of
 from reliability_support import (
     SPAWN,
     audit_violations,
@@ -97,7 +98,7 @@ def test_contention_keeps_every_invariant(
             problems = invariant_violations(connection)
             changes, audited_binds, audit_problems = audit_violations(connection)
             receipts = {
-                row[0]: [row[1], row[2]]
+                text_of(row[0]): [text_of(row[1]), text_of(row[2])]
                 for row in connection.execute(
                     sa.text("SELECT report_id, run_id, node_visit_id FROM relay_processed_reports")
                 )

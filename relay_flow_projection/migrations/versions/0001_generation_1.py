@@ -13,7 +13,13 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 from alembic import op
 
-from relay_flow_projection.migrations.frozen_v1 import utc_timestamp
+from relay_flow_projection.migrations.frozen_v1 import (
+    create_index,
+    create_table,
+    free_text,
+    identifier,
+    utc_timestamp,
+)
 
 revision: str = "0001_generation_1"
 down_revision: str | Sequence[str] | None = None
@@ -22,25 +28,25 @@ depends_on: str | Sequence[str] | None = None
 
 
 def upgrade() -> None:
-    op.create_table(
+    create_table(
         "relay_runs",
-        sa.Column("id", sa.Text(), nullable=False),
-        sa.Column("repo", sa.Text(), nullable=False),
-        sa.Column("workflow", sa.Text(), nullable=False),
-        sa.Column("ticket_id", sa.Text(), nullable=False),
-        sa.Column("ticket_key", sa.Text(), nullable=False),
-        sa.Column("state", sa.Text(), nullable=False),
-        sa.Column("current_node", sa.Text(), nullable=True),
-        sa.Column("current_node_visit_id", sa.Text(), nullable=True),
-        sa.Column("last_error", sa.Text(), nullable=True),
+        sa.Column("id", identifier(), nullable=False),
+        sa.Column("repo", identifier(), nullable=False),
+        sa.Column("workflow", identifier(), nullable=False),
+        sa.Column("ticket_id", identifier(), nullable=False),
+        sa.Column("ticket_key", identifier(), nullable=False),
+        sa.Column("state", identifier(), nullable=False),
+        sa.Column("current_node", identifier(), nullable=True),
+        sa.Column("current_node_visit_id", identifier(), nullable=True),
+        sa.Column("last_error", free_text(), nullable=True),
         sa.Column("started_at", utc_timestamp(), nullable=False),
         sa.Column("updated_at", utc_timestamp(), nullable=False),
         sa.Column("finished_at", utc_timestamp(), nullable=True),
         sa.PrimaryKeyConstraint("id", name="pk_relay_runs"),
     )
-    op.create_index("relay_runs_ticket_key", "relay_runs", ["ticket_key"])
-    op.create_index("relay_runs_workflow_state", "relay_runs", ["workflow", "state"])
-    op.create_index("relay_runs_repo_state", "relay_runs", ["repo", "state"])
+    create_index("relay_runs_ticket_key", "relay_runs", ["ticket_key"])
+    create_index("relay_runs_workflow_state", "relay_runs", ["workflow", "state"])
+    create_index("relay_runs_repo_state", "relay_runs", ["repo", "state"])
 
 
 def downgrade() -> None:

@@ -10,7 +10,13 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 from alembic import op
 
-from relay_flow_projection.migrations.frozen_v1 import utc_timestamp
+from relay_flow_projection.migrations.frozen_v1 import (
+    add_column,
+    create_table,
+    free_text,
+    identifier,
+    utc_timestamp,
+)
 
 revision: str = "0002_generation_2"
 down_revision: str | Sequence[str] | None = "0001_generation_1"
@@ -21,7 +27,7 @@ RETRY_COLUMNS = ("retry_error", "retry_attempt", "next_retry_at")
 
 
 def _run_id() -> sa.Column[str]:
-    return sa.Column("run_id", sa.Text(), nullable=False)
+    return sa.Column("run_id", identifier(), nullable=False)
 
 
 def _run_fk(table: str) -> sa.ForeignKeyConstraint:
@@ -31,35 +37,35 @@ def _run_fk(table: str) -> sa.ForeignKeyConstraint:
 
 
 def upgrade() -> None:
-    op.add_column("relay_runs", sa.Column("retry_error", sa.Text(), nullable=True))
-    op.add_column("relay_runs", sa.Column("retry_attempt", sa.Integer(), nullable=True))
-    op.add_column("relay_runs", sa.Column("next_retry_at", utc_timestamp(), nullable=True))
-    op.create_table(
+    add_column("relay_runs", sa.Column("retry_error", free_text(), nullable=True))
+    add_column("relay_runs", sa.Column("retry_attempt", sa.Integer(), nullable=True))
+    add_column("relay_runs", sa.Column("next_retry_at", utc_timestamp(), nullable=True))
+    create_table(
         "relay_node_runtime",
         _run_id(),
-        sa.Column("node", sa.Text(), nullable=False),
-        sa.Column("terminal_id", sa.Text(), nullable=True),
-        sa.Column("session_id", sa.Text(), nullable=True),
-        sa.Column("node_visit_id", sa.Text(), nullable=False),
+        sa.Column("node", identifier(), nullable=False),
+        sa.Column("terminal_id", free_text(), nullable=True),
+        sa.Column("session_id", identifier(), nullable=True),
+        sa.Column("node_visit_id", identifier(), nullable=False),
         sa.Column("updated_at", utc_timestamp(), nullable=False),
         sa.PrimaryKeyConstraint("run_id", "node", name="pk_relay_node_runtime"),
         _run_fk("relay_node_runtime"),
     )
-    op.create_table(
+    create_table(
         "relay_processed_reports",
         _run_id(),
-        sa.Column("report_id", sa.Text(), nullable=False),
-        sa.Column("node_visit_id", sa.Text(), nullable=False),
+        sa.Column("report_id", identifier(), nullable=False),
+        sa.Column("node_visit_id", identifier(), nullable=False),
         sa.Column("created_at", utc_timestamp(), nullable=False),
         sa.PrimaryKeyConstraint("run_id", "report_id", name="pk_relay_processed_reports"),
         _run_fk("relay_processed_reports"),
     )
-    op.create_table(
+    create_table(
         "relay_node_sessions",
         _run_id(),
-        sa.Column("node", sa.Text(), nullable=False),
-        sa.Column("session_id", sa.Text(), nullable=False),
-        sa.Column("node_visit_id", sa.Text(), nullable=False),
+        sa.Column("node", identifier(), nullable=False),
+        sa.Column("session_id", identifier(), nullable=False),
+        sa.Column("node_visit_id", identifier(), nullable=False),
         sa.Column("created_at", utc_timestamp(), nullable=False),
         sa.PrimaryKeyConstraint("run_id", "node", "session_id", name="pk_relay_node_sessions"),
         _run_fk("relay_node_sessions"),

@@ -14,6 +14,10 @@
   The copy applies the repairs above as it goes, so it costs no extra pass;
   tables this chain created are updated in place instead.
 
+The Go releases wrote SQLite files only: on PostgreSQL and MySQL/MariaDB the
+repairs find nothing to change in a database this chain made, and run anyway,
+so that every backend takes the same steps.
+
 Rows are copied or updated in batches of run ids, each batch its own statement
 in autocommit: WAL size and memory stay flat however many runs there are.
 Every step is idempotent, so an interrupted upgrade is simply run again; the

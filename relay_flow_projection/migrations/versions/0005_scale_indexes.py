@@ -13,6 +13,8 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 from alembic import op
 
+from relay_flow_projection.migrations.frozen_v1 import create_index
+
 revision: str = "0005_scale_indexes"
 down_revision: str | Sequence[str] | None = "0004_adopt_legacy_rows"
 branch_labels: str | Sequence[str] | None = None
@@ -23,22 +25,22 @@ TERMINAL = sa.text("state IN ('canceled', 'completed')")
 
 
 def upgrade() -> None:
-    op.create_index("relay_runs_list_order", "relay_runs", ["started_at", "id"])
-    op.create_index(
+    create_index("relay_runs_list_order", "relay_runs", ["started_at", "id"])
+    create_index(
         "relay_runs_logical_attempts", "relay_runs", ["logical_run_id", "started_at", "attempt_id"]
     )
     for name, column in (
         ("relay_runs_active_workflow", "workflow"),
         ("relay_runs_active_repo", "repo"),
     ):
-        op.create_index(
+        create_index(
             name,
             "relay_runs",
             [column, "started_at", "id"],
             sqlite_where=ACTIVE,
             postgresql_where=ACTIVE,
         )
-    op.create_index(
+    create_index(
         "relay_runs_sweepable",
         "relay_runs",
         ["finished_at"],
