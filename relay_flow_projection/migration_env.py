@@ -147,13 +147,25 @@ def migration_lock(engine: Engine, timeout: float, subject: str) -> Iterator[Non
         yield
 
 
-class _PostgresLock:
-    """The PostgreSQL migration lock of :func:`migration_lock`."""
+class _ServerLock:
+    """What the server-side migration locks share: where, how long, and the message
+    of a waiter that gave up."""
 
     def __init__(self, engine: Engine, timeout: float, subject: str) -> None:
         self.engine = engine
         self.timeout = timeout
         self.subject = subject
+
+    def _gave_up(self, holder: str | None) -> str:
+        who = holder or "another upgrade (which has just finished)"
+        return (
+            f"{self.subject}: the migration lock is held by {who}; gave up after "
+            f"{self.timeout:g} s (set {LOCK_TIMEOUT_ENVIRONMENT_VARIABLE} to wait longer)"
+        )
+
+
+class _PostgresLock(_ServerLock):
+    """The PostgreSQL migration lock of :func:`migration_lock`."""
 
     @contextmanager
     def hold(self) -> Iterator[None]:
@@ -183,22 +195,17 @@ class _PostgresLock:
             _LOCK_HOLDER, {"classid": (key >> 32) & 0xFFFFFFFF, "objid": key & 0xFFFFFFFF}
         ).first()
         if holder is None:
-            who = "another upgrade (which has just finished)"
-        else:
-            pid, since, application, address = holder
-            where = f" from {address}" if address else ""
-            name = f" ({application})" if application else ""
-            who = (
-                f"another upgrade, PostgreSQL backend pid {pid}{name}{where}, "
-                f"holding it since {_utc_text(since)}"
-            )
-        return (
-            f"{self.subject}: the migration lock is held by {who}; gave up after "
-            f"{self.timeout:g} s (set {LOCK_TIMEOUT_ENVIRONMENT_VARIABLE} to wait longer)"
+            return self._gave_up(None)
+        pid, since, application, address = holder
+        where = f" from {address}" if address else ""
+        name = f" ({application})" if application else ""
+        return self._gave_up(
+            f"another upgrade, PostgreSQL backend pid {pid}{name}{where}, "
+            f"holding it since {_utc_text(since)}"
         )
 
 
-class _MySQLLock:
+class _MySQLLock(_ServerLock):
     """The MySQL/MariaDB migration lock of :func:`migration_lock`.
 
     A named lock belongs to the session that took it: it is released when
@@ -206,11 +213,6 @@ class _MySQLLock:
     and the server waits for it itself, up to *timeout*. The name is per
     database (64 characters at most): the chain's tables live in one.
     """
-
-    def __init__(self, engine: Engine, timeout: float, subject: str) -> None:
-        self.engine = engine
-        self.timeout = timeout
-        self.subject = subject
 
     @contextmanager
     def hold(self) -> Iterator[None]:
@@ -238,13 +240,10 @@ class _MySQLLock:
     def _busy_message(self, connection: Connection, name: str) -> str:
         holder = connection.execute(_MYSQL_LOCK_HOLDER, {"name": name}).first()
         if holder is None:
-            who = "another upgrade (which has just finished)"
-        else:
-            session, host, seconds = holder
-            who = f"another upgrade, MySQL connection {session} from {host}, for {seconds} s"
-        return (
-            f"{self.subject}: the migration lock is held by {who}; gave up after "
-            f"{self.timeout:g} s (set {LOCK_TIMEOUT_ENVIRONMENT_VARIABLE} to wait longer)"
+            return self._gave_up(None)
+        session, host, seconds = holder
+        return self._gave_up(
+            f"another upgrade, MySQL connection {session} from {host}, for {seconds} s"
         )
 
 

@@ -836,3 +836,44 @@ def test_current_on_postgresql_imports_neither_sqlalchemy_nor_alembic(postgres_u
     out, seen = probe("--db", postgres_url, "current")
     assert seen == {"code": 0, "heavy": []}
     assert out.endswith(f": {head_revision()} (head)\n")
+
+
+MYSQL_SCENARIOS: dict[str, Any] = {
+    "head": upgrade,
+    "older": lambda url: upgrade(url, "0003_generation_3"),
+    "unversioned": lambda url: None,
+    "newer-release": lambda url: _pg_versions(url, "0099_from_the_future"),
+}
+
+
+@pytest.mark.parametrize("scenario", sorted(MYSQL_SCENARIOS))
+@pytest.mark.parametrize("form", ["mysql+pymysql", "mysql", "mariadb"])
+def test_current_on_mysql_prints_the_same_with_and_without_sqlalchemy(
+    scenario: str, form: str, mysql_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    MYSQL_SCENARIOS[scenario](mysql_url)
+    target = mysql_url.replace("mysql+pymysql", form, 1)
+    quick, full, answered = _current_both_ways(tmp_path, target, monkeypatch)
+    assert quick == full
+    assert answered is (scenario in PG_QUICK)
+    if scenario in PG_QUICK:
+        code, stdout, _ = quick[0]
+        assert code == 0, quick
+        assert PG_QUICK[scenario] in stdout
+        assert json.loads(quick[1][1])["database"] == stdout.split(": ")[0]
+
+
+@pytest.mark.parametrize("unreachable", ["refused", "no-such-database"])
+def test_current_on_an_unreachable_mysql_fails_alike_both_ways(
+    unreachable: str, mysql_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    url = sa.make_url(mysql_url)
+    url = url.set(port=1) if unreachable == "refused" else url.set(database="relay_no_such_db")
+    quick, full, answered = _current_both_ways(
+        tmp_path, url.render_as_string(hide_password=False), monkeypatch
+    )
+    assert quick == full
+    assert answered  # reported by the quick path itself: one connect, not two
+    assert quick[0][0] == 1, quick
+    expected = "unavailable" if unreachable == "refused" else "does not exist"
+    assert expected in quick[0][2]

@@ -40,7 +40,7 @@ from relay_flow_projection import (
     open_projection,
 )
 from relay_flow_projection.engine import resolve_target
-from relay_flow_projection.execution import FairLock
+from relay_flow_projection.execution import DEADLOCK_ATTEMPTS, FairLock, Operation, SyncExecutor
 
 T0 = FakeClock().now
 
@@ -612,3 +612,47 @@ def test_writer_queue_timeout_leaves_the_queue_intact() -> None:
     lock.release()
     assert lock.acquire(timeout=0.01)  # free again
     lock.release()
+
+
+# ------------------------------------------------------------- deadlocks ---
+
+
+def _deadlock(kind: str) -> sa.exc.DBAPIError:
+    """What SQLAlchemy raises when the server broke a deadlock by rolling us back."""
+    if kind == "mysql":
+        orig: Exception = pymysql.err.OperationalError(
+            1213, "Deadlock found when trying to get lock"
+        )
+    else:
+        orig = psycopg.errors.DeadlockDetected("deadlock detected")
+    return sa.exc.OperationalError("UPDATE relay_runs ...", {}, orig)
+
+
+@pytest.mark.parametrize("kind", ["mysql", "postgresql"])
+def test_a_deadlock_is_retried_inside_the_call_then_raised_as_busy(
+    kind: str, sqlite_path: Path
+) -> None:
+    """The whole transaction was rolled back and every write is idempotent: the call runs
+    again (a few times), and only then is the deadlock the caller's, as DatabaseBusy."""
+    engine = create_engine(str(sqlite_path))
+    executor = SyncExecutor(engine)
+    attempts: list[int] = []
+
+    def deadlocks_until(succeeding: int) -> Operation[str]:
+        def body(conn: Any) -> str:
+            attempts.append(1)
+            if len(attempts) < succeeding:
+                raise _deadlock(kind)
+            return "done"
+
+        return Operation("update_state of run 'r1'", body, writes=True)
+
+    try:
+        assert executor.run(deadlocks_until(DEADLOCK_ATTEMPTS)) == "done"
+        assert len(attempts) == DEADLOCK_ATTEMPTS
+        attempts.clear()
+        with pytest.raises(DatabaseBusy, match="update_state of run 'r1'"):
+            executor.run(deadlocks_until(DEADLOCK_ATTEMPTS + 1))
+        assert len(attempts) == DEADLOCK_ATTEMPTS
+    finally:
+        engine.dispose()

@@ -24,6 +24,7 @@ from relay_flow_projection import (
     create_async_engine,
     create_engine,
     init_database_with_identity,
+    open_projection,
     upgrade,
 )
 from relay_flow_projection.migrate import head_revision
@@ -200,3 +201,12 @@ def test_a_direct_connection_may_opt_in_to_prepared_statements(
 ) -> None:
     """connect_args win over the defaults (README "Behind PgBouncer"), and the calls work."""
     assert _prepared_after_calls(postgres_url, driver, OPT_IN[driver]) > 0
+
+
+def test_postgres_scheme_means_postgresql_with_psycopg(postgres_url: str) -> None:
+    """API.md accepts libpq's and Heroku's ``postgres://`` as ``postgresql://``."""
+    target = postgres_url.replace("postgresql+psycopg://", "postgres://", 1)
+    upgrade(target)
+    with open_projection(target) as projection:
+        assert projection.engine.url.drivername == "postgresql+psycopg"
+        assert projection.list_runs() == []

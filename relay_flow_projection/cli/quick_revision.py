@@ -2,9 +2,9 @@
 
 Importing SQLAlchemy and Alembic costs more than the 0.3 s start-up budget of
 ``current`` by itself, and for the everyday cases -- a healthy SQLite file, or
-a plain PostgreSQL URL, whose version table holds one revision of this
-release's chain -- neither is needed: the standard library's sqlite3, or
-psycopg alone, reads the row, and the chain's ids are read from the revision
+a plain PostgreSQL or MySQL/MariaDB URL, whose version table holds one
+revision of this release's chain -- neither is needed: the standard library's
+sqlite3, psycopg or PyMySQL alone reads the row, and the chain's ids are read from the revision
 files' ``revision``/``down_revision`` assignments (with ``ast``: nothing is
 executed).
 
@@ -13,7 +13,7 @@ escapes or options SQLAlchemy would render differently, missing or damaged
 files, read-only directories, locks, no or several version rows, revisions
 this release does not know) returns None and the caller takes the full path
 (access.read_revision), which owns those error messages. One error is reported
-here: a PostgreSQL server that cannot be reached, translated by the package's
+here: a PostgreSQL or MySQL server that cannot be reached, translated by the package's
 one translator (execution.translate_error) under the subject the full path
 uses, so that an unreachable server costs one connect timeout, not two.
 tests/test_cli_operations.py holds the two paths to the same output.
@@ -190,6 +190,71 @@ def _postgresql_revision(target: str) -> tuple[str, list[str]] | None:
     return shown, [str(row[0]) for row in rows]
 
 
+# A MySQL/MariaDB URL of PyMySQL (or none named), rendered back as written but
+# for the driver SQLAlchemy's URL adds, with no query at all.
+_PLAIN_MYSQL_URL = re.compile(
+    r"(?P<backend>mysql|mariadb)(?:\+pymysql)?://"
+    r"(?P<user>[A-Za-z0-9_.-]+)(?::(?P<password>[A-Za-z0-9_.~-]+))?@"
+    r"(?P<host>[A-Za-z0-9_.-]+)(?::(?P<port>[1-9][0-9]{0,4}))?"
+    r"/(?P<database>[A-Za-z0-9_.-]+)"
+)
+
+
+def mysql_connection(target: str) -> tuple[str, dict[str, Any]] | None:
+    """(the URL as the full path prints it, PyMySQL's connect arguments) for a plain
+    MySQL/MariaDB URL: those SQLAlchemy's dialect and engine._mysql_connect_args pass."""
+    plain = _PLAIN_MYSQL_URL.fullmatch(target)
+    if plain is None:
+        return None
+    parts = plain.groupdict()
+    port = int(parts["port"] or 3306)
+    if port > 65535:
+        return None
+    shown = f"{parts['backend']}+pymysql://{parts['user']}"
+    shown += ":***@" if parts["password"] is not None else "@"
+    shown += parts["host"] + (f":{parts['port']}" if parts["port"] else "")
+    shown += f"/{parts['database']}"
+    arguments = {
+        "user": parts["user"],
+        "password": parts["password"] or "",
+        "host": parts["host"],
+        "port": port,
+        "database": parts["database"],
+        "charset": "utf8mb4",
+        "connect_timeout": CONNECT_TIMEOUT,
+    }
+    return shown, arguments
+
+
+def _mysql_revision(target: str) -> tuple[str, list[str]] | None:
+    """(the URL as shown, the version table's rows), or None to take the full path."""
+    found = mysql_connection(target)
+    if found is None:
+        return None
+    shown, arguments = found
+    try:
+        import pymysql
+    except ImportError:
+        return None  # the full path names the extra to install
+    try:
+        connection = pymysql.connect(**arguments)
+    except pymysql.err.OperationalError as exc:
+        from ..execution import translate_error
+
+        raise translate_error(exc, f"reading {shown}") from exc
+    except pymysql.err.MySQLError:
+        return None
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT version_num FROM alembic_version")
+            rows = cursor.fetchall()
+    except pymysql.err.MySQLError:
+        return None  # no version table, no privilege, a dropped connection: the full path says
+    finally:
+        connection.close()
+    return shown, [str(row[0]) for row in rows]
+
+
 def _sqlite_revision(target: str) -> tuple[str, list[str]] | None:
     """(the file as shown, the version table's rows), or None to take the full path."""
     path = sqlite_path(target)
@@ -208,6 +273,8 @@ def quick_revision(target: str) -> tuple[str, str, str] | None:
         return None
     if target.startswith(("postgresql://", "postgresql+psycopg://")):
         found = _postgresql_revision(target)
+    elif target.startswith(("mysql://", "mysql+pymysql://", "mariadb://", "mariadb+pymysql://")):
+        found = _mysql_revision(target)
     else:
         found = _sqlite_revision(target)
     if found is None:
