@@ -51,10 +51,6 @@ def dialect_name(dialect: Dialect | str) -> str:
     return "mysql" if name in MYSQL_DIALECTS else name
 
 
-def is_mysql(dialect: Dialect | str) -> bool:
-    return dialect_name(dialect) == "mysql"
-
-
 UpsertInsert = postgresql.Insert | sqlite.Insert | mysql.Insert
 
 
@@ -123,8 +119,9 @@ def after_keyset(
 
     A row-value comparison where the planner turns it into one index range
     (SQLite, PostgreSQL). MariaDB's range optimizer does not read row
-    comparisons (its plan was a full index scan); the equivalent nested ``OR``
-    becomes one range per column prefix on the same index.
+    comparisons (its plan walked the index from its first entry, however deep
+    the page); the equivalent nested ``OR`` becomes one range per column
+    prefix on the same index.
     """
     if dialect_name(dialect) != "mysql":
         after: ColumnElement[bool] = tuple_(*columns) > tuple_(*values)

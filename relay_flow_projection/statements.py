@@ -125,8 +125,14 @@ FIND_RUN_BY_LOGICAL_ID = (
 
 
 _START_FIELDS = (
-    *("id", "logical_run_id", "attempt_id", "repo", "workflow"),
-    *("ticket_id", "ticket_key", "state"),
+    "id",
+    "logical_run_id",
+    "attempt_id",
+    "repo",
+    "workflow",
+    "ticket_id",
+    "ticket_key",
+    "state",
 )
 
 

@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
@@ -205,6 +206,10 @@ def test_the_mysql_lock_goes_with_its_connection(mysql_url: str) -> None:
             with killer.connect() as connection:
                 connection.exec_driver_sql(f"KILL {holder}")
             killer.dispose()
+            # KILL returns before the killed session has ended; its lock goes with it.
+            deadline = time.monotonic() + 10
+            while _named_lock_holder(mysql_url) is not None and time.monotonic() < deadline:
+                time.sleep(0.05)
             assert _named_lock_holder(mysql_url) is None
             run_upgrade(mysql_url, lock_timeout=2)  # not kept waiting
     finally:
