@@ -25,6 +25,7 @@ from relay_flow_projection import upgrade
 from relay_flow_projection.migrate import head_revision
 
 from . import mariadb
+from . import upgrade as live_upgrade
 from .async_suite import measure_async
 from .dataset import (
     PostgresDatabases,
@@ -167,7 +168,16 @@ class Databases:
 
 
 # What --sections can choose (all by default).
-SECTIONS = ("operations", "concurrency", "listings", "sweep", "iterate", "adoption", "async")
+SECTIONS = (
+    "operations",
+    "concurrency",
+    "listings",
+    "sweep",
+    "iterate",
+    "adoption",
+    "async",
+    "upgrade",
+)
 
 
 def measure_dialect(
@@ -318,6 +328,20 @@ def measure_mariadb(sizes: Sizes) -> str:
     return mariadb.render(result)
 
 
+def measure_live_upgrades(sizes: Sizes, dialect: str, postgres: PostgresDatabases) -> str:
+    """The upgrade section (benchmarks/upgrade.py) on the server backends, as markdown."""
+    on_postgres = dialect in ("both", "postgresql") and postgres_available() is None
+    on_mysql = dialect in ("both", "mysql") and mariadb.unavailable() is None
+    if not (on_postgres or on_mysql):
+        return "\nUpgrade while writing: not measured (no PostgreSQL or MariaDB server)"
+    log(f"upgrade: {sizes.runs:,} runs at earlier revisions, upgraded while writers write")
+    try:
+        rows = live_upgrade.measure(sizes.runs, postgres if on_postgres else None, on_mysql)
+    finally:
+        postgres.drop_all()
+    return live_upgrade.render(rows)
+
+
 def parse_arguments(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="benchmarks/run.py",
@@ -392,6 +416,8 @@ def main(argv: list[str] | None = None) -> int:
     mysql = ""
     if arguments.dialect in ("both", "mysql"):
         mysql = measure_mariadb(sizes)
+    if "upgrade" in arguments.sections:
+        mysql += measure_live_upgrades(sizes, arguments.dialect, postgres)
     results.total_seconds = time.perf_counter() - started
     table = render(results)
     sys.stdout.write(table + "\n" + mysql + "\n")

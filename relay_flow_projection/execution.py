@@ -140,7 +140,8 @@ _SQLSTATES_UNAVAILABLE = ("57P01", "57P02", "57P03", "53300", "25006")
 
 # MySQL/MariaDB error numbers (the first argument of PyMySQL's and aiomysql's errors).
 _MYSQL_DEADLOCK = 1213
-_MYSQL_BUSY = (1205, _MYSQL_DEADLOCK)  # lock wait timeout, deadlock
+_MYSQL_LOCK_WAIT_TIMEOUT = 1205  # row locks and metadata locks alike
+_MYSQL_BUSY = (_MYSQL_LOCK_WAIT_TIMEOUT, _MYSQL_DEADLOCK)
 _MYSQL_MISSING_SCHEMA = (1146, 1054)  # no such table / column
 _MYSQL_FOREIGN_KEY = 1452
 # Data too long, incorrect string / datetime / integer value, out of range,
@@ -217,6 +218,16 @@ def _mysql_code(value: object) -> int | None:
 def is_deadlock(orig: object) -> bool:
     """The server broke a deadlock by rolling this transaction back (all of it)."""
     return getattr(orig, "sqlstate", None) == "40P01" or _mysql_code(orig) == _MYSQL_DEADLOCK
+
+
+def is_lock_wait(orig: object) -> bool:
+    """The statement gave up waiting for a lock (lock_timeout, MySQL's lock wait
+    timeouts), or lost a deadlock: nothing of its transaction committed."""
+    return (
+        is_deadlock(orig)
+        or getattr(orig, "sqlstate", None) == "55P03"
+        or _mysql_code(orig) == _MYSQL_LOCK_WAIT_TIMEOUT
+    )
 
 
 def _psycopg_error(value: object, *classes: str) -> bool:

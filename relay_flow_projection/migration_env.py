@@ -12,23 +12,36 @@ import os
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from datetime import UTC, datetime
 from typing import Any
 
 from alembic.runtime.environment import EnvironmentContext
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from alembic.util import CommandError
-from sqlalchemy import BigInteger, bindparam, func, literal, select, text
+from sqlalchemy import bindparam, func, literal, select, text
 from sqlalchemy.engine import URL, Connection, Engine
 from sqlalchemy.exc import ArgumentError, DBAPIError, NoSuchModuleError
 from sqlalchemy.pool import NullPool
 
 from .dialect import dialect_name
-from .engine import DEFAULT_URL, ResolvedTarget, build_engine, check_sqlite_file, resolve_target
+from .engine import (
+    DEFAULT_URL,
+    ResolvedTarget,
+    build_engine,
+    check_sqlite_file,
+    is_mysql_url,
+    resolve_target,
+)
 from .errors import DatabaseBusy, ProjectionError, SchemaOutOfDate
 from .execution import translate_error
 from .legacy import detect_legacy_generation
+from .live_upgrade import (
+    DDL_LOCK_TIMEOUT,
+    printed_lock_timeouts,
+    run_with_lock_retries,
+    short_lock_waits,
+    utc_text,
+)
 from .schema import metadata
 
 log = logging.getLogger("relay_flow_projection.migrations")
@@ -171,11 +184,10 @@ class _PostgresLock(_ServerLock):
     def hold(self) -> Iterator[None]:
         with self.engine.connect() as connection:
             key = connection.execute(
-                select(func.hashtext(literal("relay_flow_projection:") + func.current_schema()))
+                select(func.hashtext(literal(_POSTGRES_LOCK_PREFIX) + func.current_schema()))
             ).scalar_one()
             deadline = time.monotonic() + self.timeout
-            try_lock = select(func.pg_try_advisory_xact_lock(bindparam("key", type_=BigInteger())))
-            while not connection.execute(try_lock, {"key": key}).scalar_one():
+            while not connection.execute(_POSTGRES_TRY_LOCK).scalar_one():
                 # End the failed attempt's transaction before waiting: behind a
                 # transaction pooler an open transaction pins a server
                 # connection, and waiters pinning the whole pool would starve
@@ -201,7 +213,7 @@ class _PostgresLock(_ServerLock):
         name = f" ({application})" if application else ""
         return self._gave_up(
             f"another upgrade, PostgreSQL backend pid {pid}{name}{where}, "
-            f"holding it since {_utc_text(since)}"
+            f"holding it since {utc_text(since)}"
         )
 
 
@@ -247,6 +259,14 @@ class _MySQLLock(_ServerLock):
         )
 
 
+_POSTGRES_LOCK_PREFIX = "relay_flow_projection:"
+# Without bound parameters, on purpose: psycopg runs a statement with them as a
+# portal that keeps its snapshot until the next statement, and this transaction
+# then idles for the whole chain -- while a concurrent index build (0005) waits
+# for every transaction holding an older snapshot, this one too: forever.
+_POSTGRES_TRY_LOCK = text(
+    f"SELECT pg_try_advisory_xact_lock(hashtext('{_POSTGRES_LOCK_PREFIX}' || current_schema()))"
+)
 MYSQL_LOCK_NAME = select(
     func.concat("relay_flow_projection:", func.left(func.sha2(func.database(), 256), 40))
 )
@@ -254,12 +274,6 @@ MYSQL_LOCK_NAME = select(
 _MYSQL_LOCK_HOLDER = text(
     "SELECT id, host, time FROM information_schema.processlist WHERE id = IS_USED_LOCK(:name)"
 )
-
-
-def _utc_text(value: datetime | None) -> str:
-    if value is None:
-        return "an unknown time"
-    return value.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
 # One bigint advisory key shows in pg_locks as classid = high 32 bits,
@@ -433,7 +447,7 @@ def newer_release_error(
     )
 
 
-def _migrate(context: EnvironmentContext, connection: Connection) -> None:
+def _migrate(context: EnvironmentContext, connection: Connection, subject: str) -> None:
     """Configure once (Alembic logs "Context impl ..." once per configure), check, run."""
     script = context.script
     _configure(context, connection=connection)
@@ -441,23 +455,34 @@ def _migrate(context: EnvironmentContext, connection: Connection) -> None:
     changes = _changes_revision(context)
     if not require_known_revision(migration, connection, script, changes):
         return
-    if changes:
-        adopt_unversioned(migration, connection, script)
+    if not changes:
+        _run_migrations(context)
+        return
+    adopt_unversioned(migration, connection, script)
+    with short_lock_waits(connection):
+        run_with_lock_retries(
+            lambda: _run_migrations(context),
+            connection,
+            migration_lock_timeout(context),
+            subject,
+        )
+    connection.commit()
+    _report_foreign_key_problems(connection)
+
+
+def _run_migrations(context: EnvironmentContext) -> None:
     with context.begin_transaction():
         context.run_migrations()
-    if changes:
-        connection.commit()
-        _report_foreign_key_problems(connection)
 
 
 def _migrate_with_lock(
     context: EnvironmentContext, engine: Engine, connection: Connection, subject: str
 ) -> None:
     if not _changes_revision(context):
-        _migrate(context, connection)  # reading commands take no lock and write nothing
+        _migrate(context, connection, subject)  # reading commands take no lock, write nothing
         return
     with migration_lock(engine, migration_lock_timeout(context), subject):
-        _migrate(context, connection)
+        _migrate(context, connection, subject)
 
 
 def _subject(resolved: ResolvedTarget | None, context: EnvironmentContext) -> str:
@@ -497,6 +522,9 @@ def _run_online(context: EnvironmentContext) -> None:
             resolved,
             foreign_keys=False,
             read_only=reading,
+            # MySQL/MariaDB: the sessions' lock waits are the revisions' short
+            # ones (live_upgrade.short_lock_waits); SQLite keeps its default.
+            **({"lock_timeout": DDL_LOCK_TIMEOUT} if is_mysql_url(resolved.url) else {}),
             long_statements=True,
             poolclass=NullPool,
         )
@@ -599,8 +627,12 @@ def _report_foreign_key_problems(connection: Connection) -> None:
 
 def _run_offline(context: EnvironmentContext) -> None:
     """``alembic upgrade head --sql``: print the DDL for DBAs who apply scripts by hand."""
-    _configure(context, url=resolve_target(migration_url(context)).url, literal_binds=True)
+    url = resolve_target(migration_url(context)).url
+    _configure(context, url=url, literal_binds=True)
     with context.begin_transaction():
+        # First, for the whole script: locks are waited for briefly (live_upgrade).
+        for statement in printed_lock_timeouts(dialect_name(url.get_backend_name())):
+            context.execute(statement)
         context.run_migrations()
 
 

@@ -28,6 +28,8 @@ import json
 import os
 import shutil
 import sqlite3
+import subprocess
+import sys
 import tempfile
 import uuid
 from collections.abc import Callable, Iterator
@@ -347,7 +349,13 @@ def replay_head_ddl(schema: str) -> None:
     try:
         with engine.connect() as connection:
             connection.exec_driver_sql(f'SET search_path TO "{schema}"')
-            connection.exec_driver_sql(postgresql_head_ddl())
+            # One round trip. The chain builds its indexes CONCURRENTLY (live
+            # tables); that cannot run in a multi-statement string, and it waits
+            # for every older snapshot in the database -- other tests' too. The
+            # schema is new and the test's own: a plain build makes the same
+            # catalog (test_the_suites_head_databases_equal_the_chain_run_online).
+            script = postgresql_head_ddl().replace("CREATE INDEX CONCURRENTLY", "CREATE INDEX")
+            connection.exec_driver_sql(script)
     finally:
         engine.dispose()
 
@@ -374,6 +382,33 @@ def replay_mysql_head_ddl(url: str) -> None:
             connection.commit()
     finally:
         engine.dispose()
+
+
+# ----------------------------------------------------------- the deployer ---
+# What a deployer has: the installed package and the README's two-line alembic.ini.
+TWO_LINE_INI = "[alembic]\nscript_location = relay_flow_projection:migrations\n"
+ALEMBIC = Path(sys.executable).parent / "alembic"
+
+
+@pytest.fixture
+def deployer(tmp_path: Path) -> Path:
+    """A directory holding only the two-line alembic.ini."""
+    directory = tmp_path / "deploy"
+    directory.mkdir()
+    (directory / "alembic.ini").write_text(TWO_LINE_INI)
+    return directory
+
+
+def deployed_alembic(url: str, cwd: Path, *arguments: str) -> subprocess.CompletedProcess[str]:
+    """``alembic -x url=<url> <arguments>`` as the deployer runs it in *cwd*."""
+    return subprocess.run(
+        [str(ALEMBIC), "-x", f"url={url}", *arguments],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
 
 
 def archived(path: Path) -> list[dict[str, Any]]:

@@ -23,12 +23,12 @@ import sys
 from pathlib import Path
 
 import sqlalchemy as sa
+from conftest import deployed_alembic
 from sqlalchemy.pool import NullPool
 
 from relay_flow_projection.engine import resolve_target
 from relay_flow_projection.migrate import head_revision
 
-ALEMBIC = Path(sys.executable).parent / "alembic"
 # Each statement waits this long first: the empty chain's ~25 statements then
 # take about a second, which the kills fall inside.
 PAUSE = 0.04
@@ -88,7 +88,7 @@ def _kill_once(url: str, delay: float) -> bool:
 
 
 def test_upgrade_killed_mid_revision_completes_when_run_again(
-    db_url: str, dialect: str, tmp_path: Path
+    db_url: str, dialect: str, deployer: Path
 ) -> None:
     url = db_url if "://" in db_url else f"sqlite:///{db_url}"
     chance = random.Random(20261206)
@@ -102,20 +102,8 @@ def test_upgrade_killed_mid_revision_completes_when_run_again(
     assert kills >= 3, left_behind
     assert len(set(left_behind)) >= 2, left_behind
 
-    deployer = tmp_path / "deploy"
-    deployer.mkdir()
-    (deployer / "alembic.ini").write_text(
-        "[alembic]\nscript_location = relay_flow_projection:migrations\n"
-    )
     for command in (["upgrade", "head"], ["check"]):
-        done = subprocess.run(
-            [str(ALEMBIC), "-x", f"url={url}", *command],
-            cwd=deployer,
-            capture_output=True,
-            text=True,
-            timeout=300,
-            check=False,
-        )
+        done = deployed_alembic(url, deployer, *command)
         assert done.returncode == 0, done.stdout + done.stderr
     assert _state(url)[0] == head_revision()
     print(

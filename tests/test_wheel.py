@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
-from conftest import set_versions
+from conftest import TWO_LINE_INI, set_versions
 from sqlalchemy.pool import NullPool
 
 from relay_flow_projection.engine import resolve_target
@@ -134,7 +134,6 @@ def test_installed_wheel_upgrades_postgresql(
 
 
 # What API.md tells a deployer without a checkout to write.
-TWO_LINE_INI = "[alembic]\nscript_location = relay_flow_projection:migrations\n"
 
 
 def _alembic(python: Path, cwd: Path, *args: str, url: str, ok: bool = True) -> str:

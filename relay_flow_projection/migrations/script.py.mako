@@ -5,6 +5,19 @@ Revises: ${down_revision | comma,n}
 Create Date: ${create_date}
 """
 
+# This revision will run while the previous release keeps writing (README,
+# "Writing a revision"; .ci/lint_revisions.py lints its SQL in CI):
+# - expand, then contract: add columns nullable, without a default
+#   (frozen_v2.add_column); backfill in short keyset batches, each its own
+#   transaction, touching only rows that need it; constrain and drop in a
+#   later release, drops last;
+# - indexes on existing tables: `with frozen_v2.index_builds():` and
+#   frozen_v2.create_index (CONCURRENTLY on PostgreSQL, online on MySQL);
+# - constraints NOT VALID here, VALIDATE in the next revision;
+# - MySQL commits each DDL statement: every step must be re-runnable;
+# - import no live package code (frozen_v1's docstring); a justified
+#   exception to a lint rule: frozen_v2.lint_exemption(rule, why).
+
 from collections.abc import Sequence
 
 import sqlalchemy as sa

@@ -209,8 +209,8 @@ CHAIN_FAILURES = [
     pytest.param(
         "0005_scale_indexes",
         "0004_adopt_legacy_rows",
-        r"CREATE INDEX relay_runs_active_repo",
-        r"CREATE INDEX relay_runs_logical_attempts",
+        r"CREATE INDEX (CONCURRENTLY )?relay_runs_active_repo",
+        r"CREATE INDEX (CONCURRENTLY )?relay_runs_logical_attempts",
         id="0005-third-index",
     ),
 ]
@@ -243,7 +243,12 @@ def test_revision_failing_midway_keeps_previous_revision(
             assert {key: now[key][: len(row)] for key, row in then.items()} == then
         else:
             assert snapshot(engine) == before  # same tables, columns' rows, version row
-            assert _indexes(engine) == indexes_before
+            if dialect == "postgresql" and failing == "0005_scale_indexes":
+                # Each concurrent build commits on its own (live upgrades): the
+                # ones before the failure stay, and the re-run skips them.
+                assert _indexes(engine) > indexes_before
+            else:
+                assert _indexes(engine) == indexes_before
 
         # Running `alembic upgrade head` again completes.
         rerun = _alembic_upgrade_head(db_url)

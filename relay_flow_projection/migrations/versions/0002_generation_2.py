@@ -11,12 +11,12 @@ import sqlalchemy as sa
 from alembic import op
 
 from relay_flow_projection.migrations.frozen_v1 import (
-    add_column,
     create_table,
     free_text,
     identifier,
     utc_timestamp,
 )
+from relay_flow_projection.migrations.frozen_v2 import add_column
 
 revision: str = "0002_generation_2"
 down_revision: str | Sequence[str] | None = "0001_generation_1"

@@ -11,11 +11,11 @@ import sqlalchemy as sa
 from alembic import op
 
 from relay_flow_projection.migrations.frozen_v1 import (
-    add_column,
     create_table,
     free_text,
     identifier,
 )
+from relay_flow_projection.migrations.frozen_v2 import add_column
 
 revision: str = "0003_generation_3"
 down_revision: str | Sequence[str] | None = "0002_generation_2"

@@ -22,8 +22,14 @@ Rows are copied or updated in batches of run ids, each batch its own statement
 in autocommit: WAL size and memory stay flat however many runs there are.
 Every step is idempotent, so an interrupted upgrade is simply run again; the
 copy replaces relay_runs, and the version row moves, in one final transaction.
-Adoption expects no relay-flow worker writing meanwhile (the Go release being
-replaced is stopped), as any schema change of a live table would.
+Adopting a Go file (SQLite) expects no relay-flow worker writing meanwhile (the
+Go release being replaced is stopped).
+
+On PostgreSQL and MySQL this revision runs while the previous release keeps
+writing (a rolling deploy). Since 0.5.0 it takes batches of 1,000 runs there,
+and updates only the rows that need a repair (none, in a database this chain
+made): a writer waits for one short batch at most, and no row is rewritten
+for nothing. The result is the same as 0.4.0's (tests/test_live_upgrades.py).
 
 Revision ID: 0004_adopt_legacy_rows
 Revises: 0003_generation_3
@@ -31,6 +37,7 @@ Create Date: 2026-12-02
 """
 
 import logging
+from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
@@ -50,7 +57,11 @@ depends_on: str | Sequence[str] | None = None
 
 log = logging.getLogger("relay_flow_projection.migrations")
 
-BATCH_SIZE = 50_000
+# Runs per batch. SQLite (one writer at a time anyway): large batches, fewest
+# statements. The servers: batches short enough that a writer queued behind
+# one waits milliseconds.
+BATCH_SIZE = {"sqlite": 50_000}
+SERVER_BATCH_SIZE = 1_000
 NORMALIZE_FUNCTION = "relay_normalize_timestamp"
 
 runs = sa.table(
@@ -112,20 +123,35 @@ def _repairs(table: sa.TableClause, normalize_timestamps: bool) -> dict[str, Any
     return values
 
 
-def _delete_orphans(bind: sa.Connection) -> None:
+def _needing_repair(table: sa.TableClause) -> Any:
+    """The rows _repairs(table, False) changes: the servers update only those."""
+    needs = [table.c[name] == "" for name in OPTIONAL_TEXT.get(table.name, ())]
+    if table.name == "relay_runs":
+        needs += [
+            table.c.logical_run_id.is_(None),
+            table.c.logical_run_id == "",
+            table.c.attempt_id.is_(None),
+            table.c.attempt_id == 0,
+        ]
+    return sa.or_(*needs)
+
+
+def _delete_orphans(
+    bind: sa.Connection, low: str | None, high: str | None, removed: Counter[str]
+) -> None:
     for child in CHILDREN:
         orphaned = ~sa.exists().where(runs.c.id == child.c.run_id)
-        result = bind.execute(sa.delete(child).where(orphaned))
-        if result.rowcount:
-            log.warning("removed %d orphaned rows from %s", result.rowcount, child.name)
+        in_batch = _in_range(child.c.run_id, low, high)
+        removed[child.name] += bind.execute(sa.delete(child).where(in_batch, orphaned)).rowcount
 
 
 def _batch_bounds(bind: sa.Connection) -> list[tuple[str | None, str | None]]:
-    """Half-open id ranges (lo, hi] of at most BATCH_SIZE runs each, in id order."""
+    """Half-open id ranges (lo, hi] of at most the dialect's batch size each, in id order."""
+    size = BATCH_SIZE.get(bind.dialect.name, SERVER_BATCH_SIZE)
     bounds: list[tuple[str | None, str | None]] = []
     low: str | None = None
     while True:
-        query = sa.select(runs.c.id).order_by(runs.c.id).offset(BATCH_SIZE - 1).limit(1)
+        query = sa.select(runs.c.id).order_by(runs.c.id).offset(size - 1).limit(1)
         if low is not None:
             query = query.where(runs.c.id > low)
         high = bind.execute(query).scalar_one_or_none()
@@ -225,15 +251,16 @@ def _index_run_copy(copy: sa.Table) -> None:
 
 def upgrade() -> None:
     bind = op.get_bind()
+    sqlite = bind.dialect.name == "sqlite"
     if context.is_offline_mode():
         # No reads in a printed script: one statement per table.
         with op.get_context().autocommit_block():
             for table in (runs, *CHILDREN):
                 values = _repairs(table, False)
                 if values:  # an UPDATE without SET is not SQL (it was printed until 2026-12)
-                    op.execute(sa.update(table).values(values))
+                    update = sa.update(table).values(values)
+                    op.execute(update if sqlite else update.where(_needing_repair(table)))
         return
-    sqlite = bind.dialect.name == "sqlite"
     if sqlite:
         bind.connection.driver_connection.create_function(  # type: ignore[union-attr]
             NORMALIZE_FUNCTION, 1, normalize_stored_text, deterministic=True
@@ -243,18 +270,23 @@ def upgrade() -> None:
     if replace_runs or rebuild_identity:
         _require_foreign_keys_off(bind)
     with op.get_context().autocommit_block():
-        _delete_orphans(bind)
         if replace_runs:
             source, copy = _start_run_copy(bind)
         in_place = CHILDREN if replace_runs else (runs, *CHILDREN)
+        orphans: Counter[str] = Counter()
         for low, high in _batch_bounds(bind):
+            _delete_orphans(bind, low, high, orphans)
             if replace_runs:
                 _copy_runs(bind, source, copy, low, high)
             for table in in_place:
                 key = table.c.id if table is runs else table.c.run_id
                 values = _repairs(table, sqlite)
                 if values:
-                    bind.execute(sa.update(table).where(_in_range(key, low, high)).values(values))
+                    update = sa.update(table).where(_in_range(key, low, high)).values(values)
+                    bind.execute(update if sqlite else update.where(_needing_repair(table)))
+        for name, count in sorted(orphans.items()):
+            if count:
+                log.warning("removed %d orphaned rows from %s", count, name)
         if replace_runs:
             _index_run_copy(copy)
     # The swap and the version row commit together.
