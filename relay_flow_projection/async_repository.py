@@ -17,7 +17,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from . import operations as op
 from .errors import ProjectionError
-from .execution import AsyncExecutor, Operation
+from .execution import AsyncExecutor
 from .models import (
     ExecutorIdentity,
     NodeRuntime,
@@ -28,6 +28,7 @@ from .models import (
     RunStart,
     RunState,
 )
+from .operations import Operation
 from .repository import Archive, utc_now
 from .timestamps import require_aware
 

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy.engine import Connection
 
 from . import migrate
+from .driver_errors import translate_error
 from .engine import (
     ResolvedTarget,
     Target,
@@ -19,7 +20,6 @@ from .engine import (
     resolve_target,
 )
 from .errors import ProjectionError, SchemaOutOfDate
-from .execution import translate_error
 from .identity import validate_identity
 from .migration_env import newer_release_error
 from .models import ExecutorIdentity

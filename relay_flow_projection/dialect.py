@@ -5,7 +5,7 @@ upsert construct (``ON CONFLICT`` or ``ON DUPLICATE KEY UPDATE``), matching a
 column against a list of ids, keyset comparisons and index hints, whether
 deletes cascade, lock ordering, and how read-only work runs. (Column types differ in
 column_types.py; driver errors are recognised in one place,
-``execution.translate_error``.) Repository code calls these and stays free of
+``driver_errors.translate_error``.) Repository code calls these and stays free of
 ``if dialect == ...`` branches.
 
 Statement caches are keyed by the *family* name ("sqlite", "postgresql",

@@ -1,5 +1,6 @@
 """How every operation runs: its transaction, one retry after a dropped connection,
-the SQLite writer queue, lock timeouts, and the one translation of driver errors.
+the SQLite writer queue and lock timeouts. Driver errors are translated in
+driver_errors.py; the operations themselves are in operations.py.
 
 An operation (``operations.Operation``) is a function of a SQLAlchemy
 ``Connection`` plus what it is about. ``run_in_transaction`` is the part both
@@ -47,6 +48,15 @@ whole pool when it saw the disconnect, so the retry gets a new connection and
 no later call receives one broken by the same outage -- without a ping on
 every checkout. A failure to connect is never retried here: waiting twice for
 ``connect_timeout`` would only double the caller's wait.
+
+Only a connection lost *before* COMMIT was sent is retried that way: the
+server rolls back what it had. One lost while COMMIT was on its way
+(``_committed`` raises ``CommitOutcomeUnknown``) may have committed, and a
+blind retry could answer wrongly or overwrite what another caller wrote
+meanwhile (API.md, *Ambiguous commits*). An operation that can find out reads
+the outcome on a new connection (``Operation.settle``: the sweep asks whether
+its batch's runs still exist); any other raises ``DatabaseUnavailable`` saying
+the outcome is unknown.
 """
 
 from __future__ import annotations
@@ -56,59 +66,35 @@ import itertools
 import os
 import random
 import sqlite3
-import sys
 import threading
 import time
 import weakref
 from collections import deque
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from sqlalchemy.engine import Connection, Engine
-from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError, SQLAlchemyError
-from sqlalchemy.exc import TimeoutError as PoolTimeout
+from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 from sqlalchemy.pool import Pool
 
 from .dialect import dialect_name, read_only_view
-from .errors import (
-    DatabaseBusy,
-    DatabaseUnavailable,
-    NotAProjectionDatabase,
-    ProjectionError,
-    RunNotFound,
-    SchemaOutOfDate,
-)
+from .driver_errors import CommitOutcomeUnknown, is_deadlock, translate_error
+from .errors import DatabaseBusy
+from .operations import Operation
 
 if TYPE_CHECKING:  # the asyncio extension loads only for the async facade
     from sqlalchemy.ext.asyncio import AsyncEngine
 
 T = TypeVar("T")
 
+# Calls run again after a deadlock the server broke, in all (see _retry_delay).
+DEADLOCK_ATTEMPTS = 4
+
 # The execution option create_engine() stores lock_timeout under; an engine
 # made elsewhere gets the API's default.
 LOCK_TIMEOUT_OPTION = "relay_lock_timeout"
 DEFAULT_LOCK_TIMEOUT = 30.0
-
-
-@dataclass(frozen=True, slots=True)
-class Operation(Generic[T]):
-    """One call of the API: its body and what error messages should name.
-
-    *subject* names the run, node or visit ("update_node of run 'r1' ...").
-    *missing_run*: a foreign-key violation in this write means that run does
-    not exist. *writes*: the body needs a write transaction.
-    *deletes_dependents*: the body deletes every row that refers to what it
-    deletes, itself, so SQLite's per-row foreign-key checks would find nothing:
-    its transaction runs with ``foreign_keys`` off (see _sqlite_foreign_keys_off).
-    """
-
-    subject: str
-    body: Callable[[Connection], T]
-    writes: bool
-    missing_run: str | None = None
-    deletes_dependents: bool = False
 
 
 def busy_timeout_pragma(seconds: float) -> str:
@@ -119,209 +105,6 @@ def busy_timeout_pragma(seconds: float) -> str:
 def lock_timeout_of(engine: Engine) -> float:
     value = engine.get_execution_options().get(LOCK_TIMEOUT_OPTION, DEFAULT_LOCK_TIMEOUT)
     return float(value)
-
-
-# --------------------------------------------------------------- errors ---
-
-# SQLite primary result codes (the low byte of an extended code).
-_SQLITE_CORRUPT, _SQLITE_NOTADB = 11, 26
-_SQLITE_BUSY, _SQLITE_LOCKED, _SQLITE_READONLY = 5, 6, 8
-_SQLITE_CONSTRAINT_FOREIGNKEY = 787
-
-_SQLSTATE_FOREIGN_KEY = "23503"
-_SQLSTATES_MISSING_SCHEMA = ("42P01", "42703")  # undefined table / column
-# lock_not_available (lock_timeout), query_canceled (statement_timeout),
-# serialization failure, deadlock: someone else held what this call needed.
-_SQLSTATES_BUSY = ("55P03", "57014", "40001", "40P01")
-# admin/crash shutdown, cannot connect now, too many connections, a standby
-# that refuses writes after a failover.
-_SQLSTATES_UNAVAILABLE = ("57P01", "57P02", "57P03", "53300", "25006")
-
-
-# MySQL/MariaDB error numbers (the first argument of PyMySQL's and aiomysql's errors).
-_MYSQL_DEADLOCK = 1213
-_MYSQL_LOCK_WAIT_TIMEOUT = 1205  # row locks and metadata locks alike
-_MYSQL_BUSY = (_MYSQL_LOCK_WAIT_TIMEOUT, _MYSQL_DEADLOCK)
-_MYSQL_MISSING_SCHEMA = (1146, 1054)  # no such table / column
-_MYSQL_FOREIGN_KEY = 1452
-# Data too long, incorrect string / datetime / integer value, out of range,
-# truncated, NULL into NOT NULL: the value, not the database, is wrong.
-_MYSQL_BAD_VALUE = (1406, 1366, 1292, 1264, 1265, 1367, 1048)
-# Cannot connect (socket, TCP, host), server gone / connection lost, killed,
-# shutting down, too many connections, a read-only server (a demoted primary).
-_MYSQL_UNAVAILABLE = (2002, 2003, 2005, 2006, 2013, 2014, 2055, 1927, 4031, 1053, 1040, 1290)
-# Access denied (user, password, database grant, auth plugin), unknown database:
-# calling again cannot help.
-_MYSQL_REFUSED_LOGIN = (1044, 1045, 1698)
-_MYSQL_UNKNOWN_DATABASE = 1049
-DEADLOCK_ATTEMPTS = 4
-
-
-def _sqlite_code(orig: BaseException) -> int | None:
-    code = getattr(orig, "sqlite_errorcode", None)
-    return code if isinstance(code, int) else None
-
-
-def translate_error(
-    exc: BaseException,
-    subject: str,
-    *,
-    missing_run: str | None = None,
-    lock_timeout: float | None = None,
-) -> BaseException:
-    """The API.md error for a driver or SQLAlchemy exception raised during *subject*.
-
-    The one place that maps driver errors, by SQLite result code, PostgreSQL
-    SQLSTATE and MySQL error number wherever the driver gives one; a value the
-    database refuses (MySQL's strict mode) is a ``ValueError``. Errors of this package
-    pass through unchanged; anything unrecognised becomes a ``ProjectionError``
-    naming *subject*.
-    """
-    if isinstance(exc, ProjectionError):
-        return exc
-    waited = "" if lock_timeout is None else f" within lock_timeout ({lock_timeout:g} s)"
-    if isinstance(exc, PoolTimeout):
-        return DatabaseBusy(f"{subject}: no pooled connection became free{waited}: {exc}")
-    if _unwrapped_driver_error(exc):
-        return _translate_driver_error(exc, exc, subject, missing_run, waited)
-    if not isinstance(exc, DBAPIError):
-        if isinstance(exc, TimeoutError | OSError):  # asyncpg's connect raises these bare
-            return DatabaseUnavailable(f"{subject}: the database cannot be reached: {exc!r}")
-        if isinstance(exc, SQLAlchemyError):
-            return ProjectionError(f"{subject}: {exc}")
-        return exc
-    return _translate_driver_error(exc, exc.orig, subject, missing_run, waited)
-
-
-def _unwrapped_driver_error(exc: BaseException) -> bool:
-    """A driver error SQLAlchemy did not wrap in ``DBAPIError``.
-
-    Raised by a DBAPI cursor used directly (PRAGMA), or by a driver call in a
-    ``before_cursor_execute`` listener: SQLAlchemy 2.0 runs those listeners
-    outside the block that wraps driver errors (2.1 inside).
-    """
-    if isinstance(exc, sqlite3.Error):
-        return True
-    return _psycopg_error(exc, "Error") or _mysql_code(exc) is not None
-
-
-def _mysql_code(value: object) -> int | None:
-    """The MySQL error number of one of PyMySQL's exceptions (aiomysql raises them
-    too); looked up only if something already imported PyMySQL."""
-    pymysql = sys.modules.get("pymysql")
-    if pymysql is None or not isinstance(value, pymysql.err.MySQLError):
-        return None
-    code = value.args[0] if value.args else None
-    return code if isinstance(code, int) else None
-
-
-def is_deadlock(orig: object) -> bool:
-    """The server broke a deadlock by rolling this transaction back (all of it)."""
-    return getattr(orig, "sqlstate", None) == "40P01" or _mysql_code(orig) == _MYSQL_DEADLOCK
-
-
-def is_lock_wait(orig: object) -> bool:
-    """The statement gave up waiting for a lock (lock_timeout, MySQL's lock wait
-    timeouts), or lost a deadlock: nothing of its transaction committed."""
-    return (
-        is_deadlock(orig)
-        or getattr(orig, "sqlstate", None) == "55P03"
-        or _mysql_code(orig) == _MYSQL_LOCK_WAIT_TIMEOUT
-    )
-
-
-def _psycopg_error(value: object, *classes: str) -> bool:
-    """*value* is one of psycopg's exception *classes*. psycopg is an optional
-    extra, so it is looked up only if something already imported it."""
-    psycopg = sys.modules.get("psycopg")
-    return psycopg is not None and isinstance(
-        value, tuple(getattr(psycopg, name) for name in classes)
-    )
-
-
-def _translate_driver_error(
-    exc: BaseException, orig: Any, subject: str, missing_run: str | None, waited: str
-) -> BaseException:
-    text = str(orig).strip().splitlines()[0] if str(orig).strip() else type(orig).__name__
-    code = _sqlite_code(orig)
-    if code is not None or isinstance(orig, sqlite3.Error):
-        primary = None if code is None else code & 0xFF
-        if primary in (_SQLITE_BUSY, _SQLITE_LOCKED):
-            return DatabaseBusy(
-                f"{subject}: the SQLite database stayed locked by another connection{waited}"
-            )
-        if code == _SQLITE_CONSTRAINT_FOREIGNKEY and missing_run is not None:
-            return RunNotFound(f"run {missing_run!r} not found")
-        if primary in (_SQLITE_NOTADB, _SQLITE_CORRUPT):
-            return NotAProjectionDatabase(f"{subject}: not a usable SQLite database: {text}")
-        if primary == _SQLITE_READONLY:
-            return ProjectionError(f"{subject}: the database is read-only ({text})")
-        if "no such table" in text or "no such column" in text:  # SQLITE_ERROR has no subcode
-            return _schema_out_of_date(subject)
-        return ProjectionError(f"{subject}: {text}")
-    mysql_code = _mysql_code(orig)
-    if mysql_code is not None:
-        return _translate_mysql_error(exc, mysql_code, orig, subject, missing_run, waited)
-    sqlstate = getattr(orig, "sqlstate", None)
-    if sqlstate == _SQLSTATE_FOREIGN_KEY and missing_run is not None:
-        return RunNotFound(f"run {missing_run!r} not found")
-    if sqlstate in _SQLSTATES_MISSING_SCHEMA:
-        return _schema_out_of_date(subject)
-    if sqlstate in _SQLSTATES_BUSY:
-        return DatabaseBusy(f"{subject}: a lock held by another session was not released{waited}")
-    if (
-        (isinstance(exc, DBAPIError) and exc.connection_invalidated)
-        or sqlstate in _SQLSTATES_UNAVAILABLE
-        or (isinstance(sqlstate, str) and sqlstate.startswith("08"))
-        # psycopg reports refused, timed-out and closed connections without a SQLSTATE
-        or (sqlstate is None and _connection_failure(exc, orig))
-    ):
-        return DatabaseUnavailable(f"{subject}: the database is unavailable: {text}")
-    return ProjectionError(f"{subject}: {text}")
-
-
-def _translate_mysql_error(
-    exc: BaseException,
-    code: int,
-    orig: BaseException,
-    subject: str,
-    missing_run: str | None,
-    waited: str,
-) -> BaseException:
-    text = str(orig.args[1]) if len(orig.args) > 1 else str(orig)
-    if code == _MYSQL_FOREIGN_KEY and missing_run is not None:
-        return RunNotFound(f"run {missing_run!r} not found")
-    if code in _MYSQL_MISSING_SCHEMA:
-        return _schema_out_of_date(subject)
-    if code in _MYSQL_BUSY:
-        return DatabaseBusy(f"{subject}: a lock held by another session was not released{waited}")
-    if code in _MYSQL_BAD_VALUE:
-        return ValueError(f"{subject}: the database refused a value: {text}")
-    if code == _MYSQL_UNKNOWN_DATABASE:
-        return ProjectionError(f"{subject}: the database does not exist ({text})")
-    if code in _MYSQL_REFUSED_LOGIN:
-        return ProjectionError(
-            f"{subject}: the server refused the login ({text}); check the user, "
-            "its password and its grants"
-        )
-    if code in _MYSQL_UNAVAILABLE or (isinstance(exc, DBAPIError) and exc.connection_invalidated):
-        return DatabaseUnavailable(f"{subject}: the database is unavailable: {text}")
-    return ProjectionError(f"{subject}: {text}")
-
-
-def _connection_failure(exc: BaseException, orig: Any) -> bool:
-    """An OperationalError or InterfaceError: SQLAlchemy's wrapper, or psycopg's own
-    when nothing wrapped it (cli/quick_revision connects with psycopg alone)."""
-    if isinstance(exc, OperationalError | InterfaceError):
-        return True
-    return _psycopg_error(orig, "OperationalError", "InterfaceError")
-
-
-def _schema_out_of_date(subject: str) -> SchemaOutOfDate:
-    return SchemaOutOfDate(
-        f"the projection tables are missing or incomplete ({subject}); "
-        "run `alembic upgrade head` or relay_flow_projection.upgrade()"
-    )
 
 
 def _retry_delay(exc: DBAPIError, attempt: int, connected: bool) -> float | None:
@@ -357,16 +140,39 @@ def run_in_transaction(conn: Connection, operation: Operation[T], budget: float)
         with (
             _sqlite_busy_timeout(conn, budget),
             _sqlite_foreign_keys_off(conn) if operation.deletes_dependents else nullcontext(),
-            conn.begin(),
         ):
+            return _committed(conn, operation.body)
+    if conn.dialect.name == "postgresql":
+        # An integer of milliseconds: nothing user-supplied reaches the text.
+        lock_timeout = f"SET LOCAL lock_timeout = {int(max(1, round(budget * 1000)))}"
+
+        def body(conn: Connection) -> T:
+            conn.exec_driver_sql(lock_timeout)
             return operation.body(conn)
-    with conn.begin():
-        if conn.dialect.name == "postgresql":
-            # An integer of milliseconds: nothing user-supplied reaches the text.
-            conn.exec_driver_sql(f"SET LOCAL lock_timeout = {int(max(1, round(budget * 1000)))}")
-        # MySQL/MariaDB: innodb_lock_wait_timeout is the session's, set when it
-        # connected (engine.py); with no writer queue the budget is all of it.
-        return operation.body(conn)
+
+        return _committed(conn, body)
+    # MySQL/MariaDB: innodb_lock_wait_timeout is the session's, set when it
+    # connected (engine.py); with no writer queue the budget is all of it.
+    return _committed(conn, operation.body)
+
+
+def _committed(conn: Connection, body: Callable[[Connection], T]) -> T:
+    """Run *body* in one transaction and commit it, telling a lost COMMIT apart.
+
+    A connection that dies while the body runs leaves nothing committed (the
+    server rolls an unfinished transaction back), so the executor may run the
+    call again. One that dies once COMMIT is sent leaves the outcome unknown:
+    that is ``CommitOutcomeUnknown``, which is never retried blindly.
+    """
+    with conn.begin() as transaction:
+        result = body(conn)
+        try:
+            transaction.commit()
+        except DBAPIError as exc:
+            if exc.connection_invalidated:
+                raise CommitOutcomeUnknown(exc) from exc
+            raise
+        return result
 
 
 @contextmanager
@@ -566,19 +372,36 @@ class SyncExecutor:
                         with engine.connect() as conn:
                             connected = True
                             return run_in_transaction(conn, operation, budget)
+                    except CommitOutcomeUnknown as lost:
+                        if operation.settle is None or attempt > 1:
+                            raise
+                        settled = self._settle(operation.settle, lost)
+                        if settled is not None:
+                            return settled
+                        # It did not commit: the next attempt is its one retry.
                     except DBAPIError as exc:
                         delay = _retry_delay(exc, attempt, connected)
                         if delay is None:
                             raise
                         time.sleep(delay)
                 raise AssertionError("unreachable: every attempt returns or raises")
-        except (SQLAlchemyError, sqlite3.Error, OSError) as exc:
+        except (SQLAlchemyError, sqlite3.Error, OSError, CommitOutcomeUnknown) as exc:
             raise translate_error(
                 exc,
                 operation.subject,
                 missing_run=operation.missing_run,
                 lock_timeout=self._lock_timeout,
             ) from exc
+
+    def _settle(
+        self, settle: Callable[[Connection], T | None], lost: CommitOutcomeUnknown
+    ) -> T | None:
+        """What a write whose COMMIT was lost did, read on a new connection."""
+        try:
+            with self._reader.connect() as conn:
+                return settle(conn)
+        except DBAPIError:
+            raise lost from None  # still unknown
 
     @contextmanager
     def _queue(self, operation: Operation[Any]) -> Iterator[float]:
@@ -650,7 +473,7 @@ class AsyncExecutor:
             if operation.writes and self._sqlite:
                 return await self._run_queued(operation)
             return await self._attempt(operation, self._lock_timeout)
-        except (SQLAlchemyError, sqlite3.Error, OSError) as exc:
+        except (SQLAlchemyError, sqlite3.Error, OSError, CommitOutcomeUnknown) as exc:
             raise translate_error(
                 exc,
                 operation.subject,
@@ -691,9 +514,29 @@ class AsyncExecutor:
                     return await conn.run_sync(run_in_transaction, operation, budget)
                 finally:
                     await conn.close()
+            except CommitOutcomeUnknown as lost:
+                if operation.settle is None or attempt > 1:
+                    raise
+                settled = await self._settle(operation.settle, lost)
+                if settled is not None:
+                    return settled
+                # It did not commit: the next attempt is its one retry.
             except DBAPIError as exc:
                 delay = _retry_delay(exc, attempt, connected)
                 if delay is None:
                     raise
                 await asyncio.sleep(delay)
         raise AssertionError("unreachable: every attempt returns or raises")
+
+    async def _settle(
+        self, settle: Callable[[Connection], T | None], lost: CommitOutcomeUnknown
+    ) -> T | None:
+        """What a write whose COMMIT was lost did, read on a new connection."""
+        try:
+            conn = await self._reader.connect().start()
+            try:
+                return await conn.run_sync(settle)
+            finally:
+                await conn.close()
+        except DBAPIError:
+            raise lost from None  # still unknown

@@ -29,8 +29,8 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.exc import DBAPIError
 
 from .dialect import dialect_name
+from .driver_errors import is_lock_wait
 from .errors import DatabaseBusy
-from .execution import is_lock_wait
 
 log = logging.getLogger("relay_flow_projection.migrations")
 

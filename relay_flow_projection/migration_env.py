@@ -24,6 +24,7 @@ from sqlalchemy.exc import ArgumentError, DBAPIError, NoSuchModuleError
 from sqlalchemy.pool import NullPool
 
 from .dialect import dialect_name
+from .driver_errors import translate_error
 from .engine import (
     DEFAULT_URL,
     ResolvedTarget,
@@ -33,7 +34,6 @@ from .engine import (
     resolve_target,
 )
 from .errors import DatabaseBusy, ProjectionError, SchemaOutOfDate
-from .execution import translate_error
 from .legacy import detect_legacy_generation
 from .live_upgrade import (
     DDL_LOCK_TIMEOUT,

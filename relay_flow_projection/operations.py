@@ -25,8 +25,9 @@ through the async drivers' adapters (benchmarks/run.py, section 6).
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from sqlalchemy.engine import Connection
 
@@ -40,7 +41,6 @@ from .errors import (
     NodeVisitNotCurrent,
     RunNotFound,
 )
-from .execution import Operation
 from .identity import validate_identity
 from .models import (
     ExecutorIdentity,
@@ -56,6 +56,33 @@ from .timestamps import require_aware
 
 if TYPE_CHECKING:
     from .retention import Sweep
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True, slots=True)
+class Operation(Generic[T]):
+    """One call of the API: its body and what error messages should name.
+
+    *subject* names the run, node or visit ("update_node of run 'r1' ...").
+    *missing_run*: a foreign-key violation in this write means that run does
+    not exist. *writes*: the body needs a write transaction.
+    *deletes_dependents*: the body deletes every row that refers to what it
+    deletes, itself, so SQLite's per-row foreign-key checks would find nothing:
+    its transaction runs with ``foreign_keys`` off (execution._sqlite_foreign_keys_off).
+    *settle*: for a write whose connection was lost while it committed, reads
+    on a new connection whether it did: its answer if it committed, None if it
+    did not (the executor then runs it once more). Without it such a call
+    raises ``DatabaseUnavailable`` saying the outcome is unknown (API.md,
+    *Ambiguous commits*).
+    """
+
+    subject: str
+    body: Callable[[Connection], T]
+    writes: bool
+    missing_run: str | None = None
+    deletes_dependents: bool = False
+    settle: Callable[[Connection], T | None] | None = None
 
 
 # ------------------------------------------------------------------ runs ---
@@ -250,7 +277,13 @@ def sweep_batch(sweep: Sweep) -> Operation[list[str]]:
     On SQLite the batch deletes its runs' child rows itself, table by table,
     so it needs no foreign-key checks (execution._sqlite_foreign_keys_off).
     """
-    return Operation("sweep_retention", sweep.run_batch, writes=True, deletes_dependents=True)
+    return Operation(
+        "sweep_retention",
+        sweep.run_batch,
+        writes=True,
+        deletes_dependents=True,
+        settle=sweep.settle_lost_commit,
+    )
 
 
 def count_sweepable(older_than: datetime) -> Operation[int]:

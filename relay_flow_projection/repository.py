@@ -18,7 +18,7 @@ from sqlalchemy.engine import Engine
 
 from . import operations as op
 from .errors import ProjectionError
-from .execution import Operation, SyncExecutor
+from .execution import SyncExecutor
 from .models import (
     ExecutorIdentity,
     NodeRuntime,
@@ -29,6 +29,7 @@ from .models import (
     RunStart,
     RunState,
 )
+from .operations import Operation
 from .timestamps import require_aware
 
 if TYPE_CHECKING:

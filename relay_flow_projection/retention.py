@@ -146,6 +146,12 @@ def _delete_runs_statements(dialect: str) -> tuple[Delete, ...]:
 
 
 @cache
+def _count_present(dialect: str) -> Select[Any]:
+    """How many of the runs bound as ``ids`` still exist (settling a lost COMMIT)."""
+    return select(func.count()).select_from(runs).where(matches_any(dialect, runs.c.id, "ids"))
+
+
+@cache
 def _archive_selects(dialect: str) -> tuple[tuple[str, Select[Any], tuple[int, ...]], ...]:
     """Per table, runs first: its name, its rows of the ids bound as ``ids`` in key
     order, and the positions of its timestamp columns."""
@@ -357,6 +363,7 @@ class Sweep:
         self._cost_per_run: float | None = None
         self._started = 0.0
         self._deleted = 0
+        self._batch: list[str] = []
         self.done = False
 
     def run_batch(self, conn: Connection) -> list[str]:
@@ -370,9 +377,24 @@ class Sweep:
                 self._write_archive(conn, dialect, ids)
             for statement in _delete_runs_statements(dialect):
                 conn.execute(statement, {"ids": ids})
+        self._batch = ids
         self._deleted = len(ids)
         self.done = len(ids) < self.size
         return ids
+
+    def settle_lost_commit(self, conn: Connection) -> list[str] | None:
+        """The batch run_batch chose, if its COMMIT (lost with its connection) took effect.
+
+        A batch commits whole or not at all: none of its runs left means it
+        committed and these are the ids it deleted; any left means it did not,
+        and None has the executor run the batch once more (the archive then
+        holds its runs twice, which readers already allow).
+        """
+        if not self._batch:
+            return self._batch
+        present = _count_present(conn.dialect.name)
+        left = conn.execute(present, {"ids": self._batch}).scalar_one()
+        return None if left else self._batch
 
     def batch_committed(self) -> None:
         """The facade's call once run_batch's transaction has committed: size the next one."""

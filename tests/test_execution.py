@@ -40,7 +40,8 @@ from relay_flow_projection import (
     open_projection,
 )
 from relay_flow_projection.engine import resolve_target
-from relay_flow_projection.execution import DEADLOCK_ATTEMPTS, FairLock, Operation, SyncExecutor
+from relay_flow_projection.execution import DEADLOCK_ATTEMPTS, FairLock, SyncExecutor
+from relay_flow_projection.operations import Operation
 
 T0 = FakeClock().now
 

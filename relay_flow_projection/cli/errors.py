@@ -3,7 +3,7 @@
 0 ok; 1 not found, mismatch, not at head or another database failure
 (DatabaseUnavailable, DatabaseBusy included); 2 usage or bad input; 130
 interrupted (Ctrl-C). No traceback reaches the operator. Driver errors are
-mapped by the package's one translator (execution.translate_error), by type
+mapped by the package's one translator (driver_errors.translate_error), by type
 and error code, never by their text. SQLAlchemy is imported only when an
 error needs it: ``--help`` must start fast.
 """
@@ -63,7 +63,7 @@ def exit_code_for(exc: BaseException) -> int:
 def translate(exc: BaseException, subject: str) -> BaseException:
     """The error to show for *exc*, raised while *subject*.
 
-    Driver and SQLAlchemy errors go through execution.translate_error (the
+    Driver and SQLAlchemy errors go through driver_errors.translate_error (the
     package's one translator); a URL SQLAlchemy refuses is bad input naming
     the part that is wrong (migration_env.url_error). Everything else, the
     package's own errors included, is shown as it is.
@@ -77,7 +77,7 @@ def translate(exc: BaseException, subject: str) -> BaseException:
 
         return BadInput(str(url_error(exc)))
     if isinstance(exc, SQLAlchemyError | sqlite3.Error):
-        from ..execution import translate_error
+        from ..driver_errors import translate_error
 
         return translate_error(exc, subject)
     return exc

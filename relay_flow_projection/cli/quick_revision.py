@@ -14,7 +14,7 @@ files, read-only directories, locks, no or several version rows, revisions
 this release does not know) returns None and the caller takes the full path
 (access.read_revision), which owns those error messages. One error is reported
 here: a PostgreSQL or MySQL server that cannot be reached, translated by the package's
-one translator (execution.translate_error) under the subject the full path
+one translator (driver_errors.translate_error) under the subject the full path
 uses, so that an unreachable server costs one connect timeout, not two.
 tests/test_cli_operations.py holds the two paths to the same output.
 """
@@ -176,7 +176,7 @@ def _postgresql_revision(target: str) -> tuple[str, list[str]] | None:
     try:
         connection = psycopg.connect(autocommit=True, **arguments)
     except psycopg.OperationalError as exc:
-        from ..execution import translate_error
+        from ..driver_errors import translate_error
 
         raise translate_error(exc, f"reading {shown}") from exc
     except psycopg.Error:
@@ -239,7 +239,7 @@ def _mysql_revision(target: str) -> tuple[str, list[str]] | None:
     try:
         connection = pymysql.connect(**arguments)
     except pymysql.err.OperationalError as exc:
-        from ..execution import translate_error
+        from ..driver_errors import translate_error
 
         raise translate_error(exc, f"reading {shown}") from exc
     except pymysql.err.MySQLError:
