@@ -187,7 +187,7 @@ def test_the_sweep_settles_a_lost_commit_and_returns_every_id_it_deleted(
     ids = [f"old-{i}" for i in range(5)]
     for run_id in ids:
         setup.direct.insert_start(start(run_id), T0)
-        setup.direct.update_state(run_id, RunState.DONE, finished_at=T0)
+        setup.direct.update_state(run_id, RunState.COMPLETED, finished_at=T0)
     setup.direct.insert_start(start("young"), T0)
     setup.proxied.get_run("young")
     archive = tmp_path / "archive.jsonl"
