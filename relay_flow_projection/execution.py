@@ -164,15 +164,18 @@ def _committed(conn: Connection, body: Callable[[Connection], T]) -> T:
     call again. One that dies once COMMIT is sent leaves the outcome unknown:
     that is ``CommitOutcomeUnknown``, which is never retried blindly.
     """
-    with conn.begin() as transaction:
-        result = body(conn)
-        try:
-            transaction.commit()
-        except DBAPIError as exc:
-            if exc.connection_invalidated:
-                raise CommitOutcomeUnknown(exc) from exc
-            raise
-        return result
+    # The commit stays with the transaction's context manager, which rolls a
+    # failed commit back; the flag tells a failure of COMMIT from one of the body.
+    body_done = False
+    try:
+        with conn.begin():
+            result = body(conn)
+            body_done = True
+    except DBAPIError as exc:
+        if body_done and exc.connection_invalidated:
+            raise CommitOutcomeUnknown(exc) from exc
+        raise
+    return result
 
 
 @contextmanager

@@ -113,6 +113,8 @@ class CommitDroppingProxy:
             if not _send(link.client, data):
                 break
         link.answered.set()
+        if not link.swallow.is_set():
+            link.close()  # the server hung up (asyncpg waits for that when it closes)
 
 
 class _Link:
