@@ -200,6 +200,12 @@ def measure_dialect(
                 write_rounds=sizes.write_rounds[dialect],
             )
             results.put(dialect, "operations", ops)
+        if dialect == "postgresql":
+            with databases.fresh() as target:
+                log(f"{dialect}: 1. round trips per call, layer vs bare Core (a counting proxy)")
+                results.put(
+                    dialect, "round_trips", run_child("round_trips", target, runs=sizes.runs)
+                )
     if "concurrency" in sections:
         with databases.fresh(empty=True) as target:
             log(f"{dialect}: 1. {sizes.threads} threads on shared runs")
