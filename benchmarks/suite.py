@@ -329,7 +329,7 @@ def measure_mariadb(sizes: Sizes) -> str:
             raise SystemExit(f"CI=true but MariaDB is unavailable: {reason}")
         log(f"mariadb skipped: {reason}")
         return f"\nMariaDB: not measured ({reason})"
-    log(f"mariadb: {sizes.runs:,} runs, layer vs raw PyMySQL, plans, sweep")
+    log(f"mariadb: {sizes.runs:,} runs, layer vs bare Core vs raw PyMySQL, plans, sweep")
     result = mariadb.measure(sizes.runs, sizes.rounds, sizes.read_block)
     return mariadb.render(result)
 
