@@ -189,7 +189,7 @@ def measure_dialect(
 
     if "operations" in sections:
         with databases.fresh() as target:
-            log(f"{dialect}: 1. per-operation cost, layer vs raw driver")
+            log(f"{dialect}: 1. per-operation cost, layer vs bare Core vs raw driver")
             ops = run_child(
                 "operations",
                 target,
@@ -351,7 +351,10 @@ def measure_live_upgrades(sizes: Sizes, dialect: str, postgres: PostgresDatabase
 def parse_arguments(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="benchmarks/run.py",
-        description="relay_flow_projection against the raw drivers, SQLite and PostgreSQL.",
+        description=(
+            "relay_flow_projection against bare SQLAlchemy Core and the raw drivers, "
+            "SQLite, PostgreSQL and MariaDB."
+        ),
     )
     parser.add_argument(
         "--quick", action="store_true", help="20,000 runs and fewer iterations (CI, < 1 minute)"
