@@ -18,6 +18,7 @@ fresh database and returns a JSON-able dict:
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import statistics
 import threading
@@ -38,6 +39,7 @@ from relay_flow_projection import (
 )
 from relay_flow_projection.models import Run
 
+from .bare_core import BareCoreAsync
 from .dataset import Shape, run_id
 from .raw_async import (
     RawAsyncDriver,
@@ -46,7 +48,7 @@ from .raw_async import (
     open_raw,
     verify_same_sql_async,
 )
-from .sections import Target, _alternate
+from .sections import Target, _alternate, summarize
 
 OPERATIONS = ("insert_start", "update_node", "get_run", "register_node_session")
 HEARTBEAT_S = 0.001
@@ -66,23 +68,29 @@ async def _alternate_async(
     raw: Callable[[int], Awaitable[object]],
 ) -> dict[str, float]:
     """``sections._alternate`` for coroutines: median µs/op of alternating blocks."""
+    measured = await alternate_many_async(rounds, block, {"layer": layer, "raw": raw})
+    return {key: measured[key] for key in ("layer_us", "raw_us", "ratio")}
+
+
+async def alternate_many_async(
+    rounds: int, block: int, contenders: dict[str, Callable[[int], Awaitable[object]]]
+) -> dict[str, Any]:
+    """``sections.alternate_many`` for coroutines: blocks that take turns, medians, ranges."""
     counter = itertools.count()
-    for op in (layer, raw):  # warm caches, compiled statements, pools
+    for op in contenders.values():  # warm caches, compiled statements, pools
         for _ in range(max(block // 5, 5)):
             await op(next(counter))
-    times: dict[str, list[float]] = {"layer": [], "raw": []}
+    names = list(contenders)
+    times: dict[str, list[float]] = {name: [] for name in names}
     for round_number in range(rounds):
-        order = [("layer", layer), ("raw", raw)]
-        if round_number % 2:
-            order.reverse()
-        for name, op in order:
+        shift = round_number % len(names)
+        for name in names[shift:] + names[:shift]:
+            op = contenders[name]
             started = time.perf_counter_ns()
             for _ in range(block):
                 await op(next(counter))
             times[name].append(_us((time.perf_counter_ns() - started) / block))
-    layer_us = statistics.median(times["layer"])
-    raw_us = statistics.median(times["raw"])
-    return {"layer_us": layer_us, "raw_us": raw_us, "ratio": layer_us / raw_us}
+    return summarize(times)
 
 
 def _start(k: int) -> RunStart:
@@ -146,37 +154,43 @@ async def _async_operations(
     engine = create_async_engine(async_url(target.url, driver))
     projection = AsyncRunProjection(engine)
     raw = await open_raw(driver, target.url, target.conninfo)
+    bare = await BareCoreAsync.open(async_url(target.url, driver))
     try:
-        if await raw.get_run(active[0]) != await projection.get_run(active[0]):
-            raise AssertionError("the raw mapping differs from the layer's")
+        expected = await projection.get_run(active[0])
+        if await raw.get_run(active[0]) != expected or await bare.get_run(active[0]) != expected:
+            raise AssertionError("the raw or bare-Core mapping differs from the layer's")
         results: dict[str, Any] = {"driver": driver, "statements_checked": statements}
-        results["insert_start"] = await _alternate_async(
+        sides: dict[str, Any] = {"layer": projection, "bare": bare, "raw": raw}
+
+        def each(
+            call: Callable[[Any, int], Awaitable[object]],
+        ) -> dict[str, Callable[[int], Awaitable[object]]]:
+            return {name: functools.partial(call, side) for name, side in sides.items()}
+
+        results["insert_start"] = await alternate_many_async(
             write_rounds,
             write_block,
-            lambda k: projection.insert_start(_start(k), datetime.now(UTC)),
-            lambda k: raw.insert_start(_start(k), datetime.now(UTC)),
+            each(lambda s, k: s.insert_start(_start(k), datetime.now(UTC))),
         )
-        results["update_node"] = await _alternate_async(
+        results["update_node"] = await alternate_many_async(
             write_rounds,
             write_block,
-            lambda k: projection.update_node(
-                active[k % len(active)], RunState.RUNNING, "build", f"v-{k}"
+            each(
+                lambda s, k: s.update_node(
+                    active[k % len(active)], RunState.RUNNING, "build", f"v-{k}"
+                )
             ),
-            lambda k: raw.update_node(active[k % len(active)], RunState.RUNNING, "build", f"v-{k}"),
         )
-        results["get_run"] = await _alternate_async(
-            rounds,
-            block,
-            lambda k: projection.get_run(run_id((k * 7_919) % runs)),
-            lambda k: raw.get_run(run_id((k * 7_919) % runs)),
+        results["get_run"] = await alternate_many_async(
+            rounds, block, each(lambda s, k: s.get_run(run_id((k * 7_919) % runs)))
         )
-        results["register_node_session"] = await _alternate_async(
+        results["register_node_session"] = await alternate_many_async(
             write_rounds,
             write_block,
-            lambda k: projection.register_node_session(_registration(runs, k)),
-            lambda k: raw.register_node_session(_registration(runs, k)),
+            each(lambda s, k: s.register_node_session(_registration(runs, k))),
         )
     finally:
+        await bare.close()
         await raw.close()
         await engine.dispose()
     return results

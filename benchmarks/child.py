@@ -11,7 +11,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from . import async_sections, sections, sweep
+from . import async_sections, round_trips, sections, sweep
 
 SECTIONS: dict[str, Callable[..., dict[str, Any]]] = {
     "operations": sections.operations,
@@ -23,6 +23,7 @@ SECTIONS: dict[str, Callable[..., dict[str, Any]]] = {
     "async_operations": async_sections.async_operations,
     "async_concurrency": async_sections.async_concurrency,
     "pooler_cost": async_sections.pooler_cost,
+    "round_trips": round_trips.round_trips,
 }
 
 

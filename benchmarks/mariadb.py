@@ -33,6 +33,10 @@ from relay_flow_projection import (
     upgrade,
 )
 from relay_flow_projection.schema import runs as runs_table
+from relay_flow_projection.statements import HAS_ACTIVE_WORKFLOW, list_runs
+
+from .bare_core import BareCore
+from .sections import alternate_many
 
 DEFAULT_URL = "mysql+pymysql://root@127.0.0.1:3306/"
 T0 = datetime(2025, 1, 1, tzinfo=UTC)
@@ -124,11 +128,13 @@ def _compare(
     engine: sa.Engine,
     raw: Any,
     layer_call: Callable[[int], object],
+    bare_call: Callable[[int], object],
     raw_params: Callable[[int], dict[str, Any]],
     rounds: int,
     block: int,
-) -> dict[str, float]:
-    """Alternating blocks of the layer's call and the raw statements it sends."""
+) -> dict[str, Any]:
+    """Blocks of the layer's call, the bare-Core call and the raw statements the layer
+    sends, taking turns (sections.alternate_many)."""
     statements = capture(engine, lambda: layer_call(-1))
     writes = not statements[0][0].lstrip().upper().startswith("SELECT")
 
@@ -143,18 +149,7 @@ def _compare(
         else:
             raw.rollback()  # what the pool's reset-on-return sends after a read
 
-    layer_times: list[float] = []
-    raw_times: list[float] = []
-    calls = 0
-    for _ in range(rounds):
-        for side, times in ((layer_call, layer_times), (raw_call, raw_times)):
-            started = time.perf_counter()
-            for _ in range(block):
-                side(calls)
-                calls += 1
-            times.append((time.perf_counter() - started) / block)
-    layer_us, raw_us = _median_us(layer_times), _median_us(raw_times)
-    return {"layer_us": layer_us, "raw_us": raw_us, "ratio": layer_us / raw_us}
+    return alternate_many(rounds, block, {"layer": layer_call, "bare": bare_call, "raw": raw_call})
 
 
 def measure_operations(url: str, count: int, rounds: int, block: int) -> dict[str, Any]:
@@ -179,31 +174,44 @@ def measure_operations(url: str, count: int, rounds: int, block: int) -> dict[st
         return f"run-{next(serial) * 7919 % count:08d}"
 
     anchor = projection.get_run(f"run-{count // 2:08d}")
-    operations: dict[str, tuple[Callable[[int], object], Callable[[int], dict[str, Any]]]] = {
-        "get_run": (lambda i: projection.get_run(run_id()), lambda i: {"run": run_id()}),
+    bare = BareCore(url)
+    Calls = tuple[Callable[[int], object], Callable[[int], object], Callable[[int], dict[str, Any]]]
+    operations: dict[str, Calls] = {
+        "get_run": (
+            lambda i: projection.get_run(run_id()),
+            lambda i: bare.get_run(run_id()),
+            lambda i: {"run": run_id()},
+        ),
         "insert_start": (
             lambda i: projection.insert_start(
                 RunStart(f"new-{i}", "repo-0", "wf-0", "T", f"NEW-{i}"), T0
+            ),
+            lambda i: bare.insert_start(
+                RunStart(f"bare-{i}", "repo-0", "wf-0", "T", f"BARE-{i}"), T0
             ),
             lambda i: {"id": f"raw-{i}", "logical_run_id": f"raw-{i}", "ticket_key": f"RAW-{i}"},
         ),
         "update_node": (
             lambda i: projection.update_node(run_id(), RunState.RUNNING, "build", f"v{i}"),
+            lambda i: bare.update_node(run_id(), RunState.RUNNING, "build", f"v{i}"),
             lambda i: {"run": run_id(), "visit": f"v{i}"},
         ),
         "has_active_workflow": (
             lambda i: projection.has_active_workflow("wf-1"),
+            lambda i: bare.reader.execute(HAS_ACTIVE_WORKFLOW, {"value": "wf-1"}).scalar_one(),
             lambda i: {},
         ),
         "list_runs page of 100": (
             lambda i: projection.list_runs(limit=100, after=anchor),
+            lambda i: list_runs(bare.reader, None, None, None, None, anchor, 100),
             lambda i: {},
         ),
     }
     results = {
-        name: _compare(engine, raw, layer_call, raw_params, rounds, block)
-        for name, (layer_call, raw_params) in operations.items()
+        name: _compare(engine, raw, layer_call, bare_call, raw_params, rounds, block)
+        for name, (layer_call, bare_call, raw_params) in operations.items()
     }
+    bare.close()
     raw.close()
     engine.dispose()
     return results
@@ -292,16 +300,25 @@ def render(result: dict[str, Any]) -> str:
     lines = [
         "",
         f"### MariaDB ({result['server']}, {result['runs']:,} runs): "
-        "layer vs raw PyMySQL, same SQL",
+        "layer vs bare Core vs raw PyMySQL, same SQL",
         "",
-        "| operation | layer µs/call | raw PyMySQL µs/call | ratio |",
-        "| --- | ---: | ---: | ---: |",
+        "| operation | layer µs/call | bare Core µs/call | raw PyMySQL µs/call "
+        "| layer / bare Core | layer / raw |",
+        "| --- | ---: | ---: | ---: | ---: | ---: |",
     ]
     for name, numbers in result["operations"].items():
         lines.append(
-            f"| `{name}` | {numbers['layer_us']:,.0f} | {numbers['raw_us']:,.0f} "
+            f"| `{name}` | {numbers['layer_us']:,.0f} | {numbers['bare_us']:,.0f} "
+            f"| {numbers['raw_us']:,.0f} | {numbers['bare_ratio']:.2f}x "
             f"| {numbers['ratio']:.2f}x |"
         )
+    lines += [
+        "",
+        "Medians of blocks taking turns (layer, bare Core, raw). Bare Core "
+        "(benchmarks/bare_core.py): the layer's statements on a plain engine, one held "
+        "connection per role, reads in AUTOCOMMIT (so no ROLLBACK after them); raw PyMySQL "
+        "replays what the layer sent, a read followed by the ROLLBACK the pool sends.",
+    ]
     lines += ["", "| statement | MariaDB's plan |", "| --- | --- |"]
     lines += [f"| {name} | {plan} |" for name, plan in result["plans"].items()]
     swept = result["sweep"]

@@ -315,14 +315,23 @@ def _postgres_row_to_run(row: Sequence[Any]) -> Run:
 
 
 class RawPostgres:
-    """psycopg: reads on an autocommit connection, writes in implicit-BEGIN transactions."""
+    """psycopg: reads on an autocommit connection, writes in implicit-BEGIN transactions.
+
+    ``prepare_threshold=None`` (no server-side preparation) is the layer's
+    pooler-safe setting (engine.py), so the baseline compares like with like;
+    pass psycopg's own default (5) to measure what that setting costs.
+    """
 
     sql = POSTGRESQL
 
-    def __init__(self, conninfo: str) -> None:
+    def __init__(self, conninfo: str, *, prepare_threshold: int | None = None) -> None:
         self.clock: Callable[[], datetime] = _utc_now
-        self.reader = psycopg.connect(conninfo, autocommit=True)
-        self.writer = psycopg.connect(conninfo, autocommit=True)
+        self.reader = psycopg.connect(
+            conninfo, autocommit=True, prepare_threshold=prepare_threshold
+        )
+        self.writer = psycopg.connect(
+            conninfo, autocommit=True, prepare_threshold=prepare_threshold
+        )
         for connection in (self.reader, self.writer):
             connection.execute("SET TIME ZONE 'UTC'")  # as engine.py's connect listener does
         self.writer.autocommit = False

@@ -1,8 +1,8 @@
 """The one benchmark command: ``.venv/bin/python benchmarks/run.py [--quick]``.
 
-Prints one markdown table comparing relay_flow_projection with the raw drivers on
-SQLite and PostgreSQL (see README.md, "Performance"). ``--quick`` (20,000 runs)
-finishes in under a minute and is what CI runs.
+Prints one markdown table comparing relay_flow_projection with bare SQLAlchemy Core
+and the raw drivers on SQLite and PostgreSQL, then the MariaDB section (see
+README.md, "Performance"). ``--quick`` (20,000 runs) is what CI runs.
 """
 
 from __future__ import annotations

@@ -6,6 +6,7 @@ and returns a JSON-able dict of measurements.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import os
 import sqlite3
@@ -30,6 +31,7 @@ from relay_flow_projection import (
     create_engine,
 )
 
+from .bare_core import BareCore
 from .dataset import Shape, run_id
 from .raw import (
     TRANSACTION_CONTROL,
@@ -77,23 +79,47 @@ def _alternate(
     rounds: int, block: int, layer: Callable[[int], object], raw: Callable[[int], object]
 ) -> dict[str, float]:
     """Median µs/op of *layer* and *raw*, measured in alternating blocks of *block* calls."""
+    measured = alternate_many(rounds, block, {"layer": layer, "raw": raw})
+    return {key: measured[key] for key in ("layer_us", "raw_us", "ratio")}
+
+
+def alternate_many(
+    rounds: int, block: int, contenders: dict[str, Callable[[int], object]]
+) -> dict[str, Any]:
+    """Median µs/op of each contender, measured in blocks of *block* calls that take
+    turns: each round starts one contender later (layer, bare, raw; bare, raw, layer; ...).
+
+    Returns ``<name>_us`` (the median), ``<name>_range`` ([fastest, slowest] block),
+    ``ratio`` (layer / raw) and ``bare_ratio`` (layer / bare) where those exist.
+    """
     counter = itertools.count()
-    for op in (layer, raw):  # warm caches, compiled statements, prepared statements
+    for op in contenders.values():  # warm caches, compiled statements, prepared statements
         for _ in range(max(block // 5, 5)):
             op(next(counter))
-    times: dict[str, list[float]] = {"layer": [], "raw": []}
+    names = list(contenders)
+    times: dict[str, list[float]] = {name: [] for name in names}
     for round_number in range(rounds):
-        order = [("layer", layer), ("raw", raw)]
-        if round_number % 2:
-            order.reverse()
-        for name, op in order:
+        shift = round_number % len(names)
+        for name in names[shift:] + names[:shift]:
+            op = contenders[name]
             started = time.perf_counter_ns()
             for _ in range(block):
                 op(next(counter))
             times[name].append(_us((time.perf_counter_ns() - started) / block))
-    layer_us = statistics.median(times["layer"])
-    raw_us = statistics.median(times["raw"])
-    return {"layer_us": layer_us, "raw_us": raw_us, "ratio": layer_us / raw_us}
+    return summarize(times)
+
+
+def summarize(times: dict[str, list[float]]) -> dict[str, Any]:
+    """Medians, ranges and the two ratios of per-block µs/op samples."""
+    result: dict[str, Any] = {}
+    for name, samples in times.items():
+        result[f"{name}_us"] = statistics.median(samples)
+        result[f"{name}_range"] = [min(samples), max(samples)]
+    if "layer_us" in result and "raw_us" in result:
+        result["ratio"] = result["layer_us"] / result["raw_us"]
+    if "layer_us" in result and "bare_us" in result:
+        result["bare_ratio"] = result["layer_us"] / result["bare_us"]
+    return result
 
 
 def operations(
@@ -133,34 +159,56 @@ def operations(
     if raw.get_run(active[0]) != projection.get_run(active[0]):
         raise AssertionError("the raw mapping differs from the layer's")
 
+    # The bare-Core floor sends the same statements too (bare_core.py).
+    bare = BareCore(target.url)
+    verify_same_sql(
+        engine,
+        bare,
+        lambda p: p.insert_start(start(-1), now),
+        lambda b: b.insert_start(start(-1), now),
+    )
+    verify_same_sql(
+        engine,
+        bare,
+        lambda p: p.update_node(active[0], RunState.RUNNING, "build", "v"),
+        lambda b: b.update_node(active[0], RunState.RUNNING, "build", "v"),
+    )
+    verify_same_sql(engine, bare, lambda p: p.get_run(active[0]), lambda b: b.get_run(active[0]))
+    verify_same_sql(
+        engine,
+        bare,
+        lambda p: p.register_node_session(one),
+        lambda b: b.register_node_session(one),
+    )
+    # PostgreSQL: psycopg's own default (prepare_threshold=5) beside the raw driver
+    # with the layer's setting, for what the pooler-safe default costs by itself.
+    sides: dict[str, Any] = {"layer": projection, "bare": bare, "raw": raw}
+    if target.dialect == "postgresql":
+        sides["raw_prepared"] = RawPostgres(target.conninfo, prepare_threshold=5)
+
+    def each(call: Callable[[Any, int], object]) -> dict[str, Callable[[int], object]]:
+        return {name: functools.partial(call, side) for name, side in sides.items()}
+
     results: dict[str, Any] = {}
-    results["insert_start"] = _alternate(
-        write_rounds,
-        write_block,
-        lambda k: projection.insert_start(start(k), datetime.now(UTC)),
-        lambda k: raw.insert_start(start(k), datetime.now(UTC)),
+    results["insert_start"] = alternate_many(
+        write_rounds, write_block, each(lambda s, k: s.insert_start(start(k), datetime.now(UTC)))
     )
-    results["update_node"] = _alternate(
+    results["update_node"] = alternate_many(
         write_rounds,
         write_block,
-        lambda k: projection.update_node(
-            active[k % len(active)], RunState.RUNNING, "build", f"v-{k}"
+        each(
+            lambda s, k: s.update_node(active[k % len(active)], RunState.RUNNING, "build", f"v-{k}")
         ),
-        lambda k: raw.update_node(active[k % len(active)], RunState.RUNNING, "build", f"v-{k}"),
     )
-    results["get_run"] = _alternate(
-        rounds,
-        block,
-        lambda k: projection.get_run(run_id((k * 7_919) % runs)),
-        lambda k: raw.get_run(run_id((k * 7_919) % runs)),
+    results["get_run"] = alternate_many(
+        rounds, block, each(lambda s, k: s.get_run(run_id((k * 7_919) % runs)))
     )
-    results["register_node_session"] = _alternate(
-        write_rounds,
-        write_block,
-        lambda k: projection.register_node_session(registration(k)),
-        lambda k: raw.register_node_session(registration(k)),
+    results["register_node_session"] = alternate_many(
+        write_rounds, write_block, each(lambda s, k: s.register_node_session(registration(k)))
     )
-    raw.close()
+    for side in sides.values():
+        if side is not projection:
+            side.close()
     engine.dispose()
     return results
 

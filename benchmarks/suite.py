@@ -189,7 +189,7 @@ def measure_dialect(
 
     if "operations" in sections:
         with databases.fresh() as target:
-            log(f"{dialect}: 1. per-operation cost, layer vs raw driver")
+            log(f"{dialect}: 1. per-operation cost, layer vs bare Core vs raw driver")
             ops = run_child(
                 "operations",
                 target,
@@ -200,6 +200,12 @@ def measure_dialect(
                 write_rounds=sizes.write_rounds[dialect],
             )
             results.put(dialect, "operations", ops)
+        if dialect == "postgresql":
+            with databases.fresh() as target:
+                log(f"{dialect}: 1. round trips per call, layer vs bare Core (a counting proxy)")
+                results.put(
+                    dialect, "round_trips", run_child("round_trips", target, runs=sizes.runs)
+                )
     if "concurrency" in sections:
         with databases.fresh(empty=True) as target:
             log(f"{dialect}: 1. {sizes.threads} threads on shared runs")
@@ -323,7 +329,7 @@ def measure_mariadb(sizes: Sizes) -> str:
             raise SystemExit(f"CI=true but MariaDB is unavailable: {reason}")
         log(f"mariadb skipped: {reason}")
         return f"\nMariaDB: not measured ({reason})"
-    log(f"mariadb: {sizes.runs:,} runs, layer vs raw PyMySQL, plans, sweep")
+    log(f"mariadb: {sizes.runs:,} runs, layer vs bare Core vs raw PyMySQL, plans, sweep")
     result = mariadb.measure(sizes.runs, sizes.rounds, sizes.read_block)
     return mariadb.render(result)
 
@@ -345,7 +351,10 @@ def measure_live_upgrades(sizes: Sizes, dialect: str, postgres: PostgresDatabase
 def parse_arguments(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="benchmarks/run.py",
-        description="relay_flow_projection against the raw drivers, SQLite and PostgreSQL.",
+        description=(
+            "relay_flow_projection against bare SQLAlchemy Core and the raw drivers, "
+            "SQLite, PostgreSQL and MariaDB."
+        ),
     )
     parser.add_argument(
         "--quick", action="store_true", help="20,000 runs and fewer iterations (CI, < 1 minute)"

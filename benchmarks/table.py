@@ -107,10 +107,50 @@ class _Table:
         )
 
 
+def show_ratios(o: Data) -> str:
+    """layer / bare Core / raw µs, then layer ÷ bare Core and layer ÷ raw."""
+    if "bare_us" not in o:
+        return f"{o['layer_us']:.1f} / {o['raw_us']:.1f} ({o['ratio']:.2f}x)"
+    return (
+        f"{o['layer_us']:.1f} / {o['bare_us']:.1f} / {o['raw_us']:.1f} "
+        f"({o['bare_ratio']:.2f}x, {o['ratio']:.2f}x)"
+    )
+
+
 def _show_operation(name: str) -> Callable[[Data], str]:
     def show(d: Data) -> str:
+        return show_ratios(d[name])
+
+    return show
+
+
+ROUND_TRIP_DRIVERS = (
+    ("psycopg", "psycopg"),
+    ("psycopg_async", "psycopg async"),
+    ("asyncpg_async", "asyncpg"),
+)
+
+
+def _show_round_trips(name: str) -> Callable[[Data], str]:
+    def show(d: Data) -> str:
+        return "; ".join(
+            f"{label} {d[key][name]['layer']:g} / {d[key][name]['bare']:g}"
+            for key, label in ROUND_TRIP_DRIVERS
+            if key in d
+        )
+
+    return show
+
+
+def _show_prepared(name: str) -> Callable[[Data], str]:
+    def show(d: Data) -> str:
         o = d[name]
-        return f"{o['layer_us']:.1f} / {o['raw_us']:.1f} ({o['ratio']:.2f}x)"
+        if "raw_prepared_us" not in o:
+            return "—"
+        return (
+            f"{o['raw_us']:.1f} / {o['raw_prepared_us']:.1f} "
+            f"({o['raw_us'] / o['raw_prepared_us']:.2f}x)"
+        )
 
     return show
 
@@ -192,11 +232,26 @@ def render(results: Results) -> str:
     for name, sqlite_target, pg_target in OPERATION_TARGETS:
         table.add(
             "1",
-            f"`{name}` µs/op: layer / raw driver (ratio)",
+            f"`{name}` µs/op: layer / bare Core / raw driver (layer ÷ bare Core, layer ÷ raw)",
             "operations",
             _show_operation(name),
-            f"≤ {sqlite_target}x / ≤ {pg_target}x",
+            f"vs raw ≤ {sqlite_target}x / ≤ {pg_target}x",
             _check_operation(name, {"sqlite": sqlite_target, "postgresql": pg_target}),
+        )
+    for name, _, _ in OPERATION_TARGETS:
+        table.add(
+            "1",
+            f"`{name}` round trips per call: layer / bare Core",
+            "round_trips",
+            _show_round_trips(name),
+        )
+    for name, _, _ in OPERATION_TARGETS:
+        table.add(
+            "1",
+            f"`{name}` raw psycopg µs/op: `prepare_threshold=None` (the layer's pooler-safe "
+            "default, used in the rows above) / psycopg's default 5 (ratio)",
+            "operations",
+            _show_prepared(name),
         )
     table.add(
         "1",
@@ -402,10 +457,19 @@ def _write_blocks(sizes: Data) -> str:
 def _footnote(results: Results) -> str:
     sizes = results.sizes
     notes = [
-        f"1: median of alternating blocks (layer, raw, raw, layer, …): {sizes.get('rounds')} "
-        f"blocks of {sizes.get('read_block')} reads; writes: {_write_blocks(sizes)}; after "
-        "a warm-up; the raw driver sends the layer's exact SQL (checked statement by statement), "
-        "with the same pragmas, transactions, timestamp conversion and row mapping.",
+        f"1: median of blocks taking turns (layer, bare Core, raw; bare Core, raw, layer; …): "
+        f"{sizes.get('rounds')} blocks of {sizes.get('read_block')} reads; writes: "
+        f"{_write_blocks(sizes)}; after a warm-up; the raw driver sends the layer's exact SQL "
+        "(checked statement by statement), with the same pragmas, transactions, timestamp "
+        "conversion and row mapping, and on PostgreSQL psycopg's `prepare_threshold=None` as "
+        "the layer's engine sets it (psycopg's own default, 5, in its own rows). Bare Core "
+        "(benchmarks/bare_core.py): the layer's own Core statements and parameters on "
+        "`sqlalchemy.create_engine(url)` with the layer's driver arguments and no listeners, "
+        "connections held open (one for writes, one in AUTOCOMMIT for reads), a write one "
+        "`with conn.begin():` transaction started as the layer starts it, a read one "
+        "`conn.execute`; it also sends the layer's exact SQL (checked). Round trips: client "
+        "turns counted by a loopback TCP proxy (benchmarks/round_trips.py), psycopg's BEGIN "
+        "and COMMIT included; 20 calls each.",
         "Each section runs in a child process on a fresh database; peak RSS is the child's "
         "VmHWM, sampled every 10 ms (as is the WAL) for the alembic process.",
     ]
