@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ..errors import ProjectionError, SchemaOutOfDate
-from .errors import BadInput, translate
+from .errors import BadInput, NotFound, translate
 
 if TYPE_CHECKING:
     from ..engine import ResolvedTarget
@@ -39,7 +39,7 @@ class Revision:
 
 def _require_file(resolved: ResolvedTarget) -> None:
     if resolved.path is not None and not resolved.path.exists():
-        raise ProjectionError(
+        raise NotFound(
             f"{resolved.path} does not exist; create it with `relay-flow-projection init`"
         )
 
