@@ -101,6 +101,38 @@ def read_revision_quickly(target: str) -> Revision:
     return read_revision(target) if found is None else Revision(*found)
 
 
+def legacy_shape(target: str) -> str | None:
+    """What an unversioned database is, as ``upgrade`` judges it (legacy.py): the
+    revision of the relay-flow Go release whose shape it has (``upgrade`` adopts it),
+    None when it holds no relay tables (``upgrade`` creates them). Relay tables of
+    no known shape raise NotAProjectionDatabase (bad input), as ``upgrade`` does."""
+    from sqlalchemy.pool import NullPool
+
+    from ..engine import build_engine
+    from ..errors import NotAProjectionDatabase
+    from ..legacy import detect_legacy_generation
+    from ..migration_env import readable_target
+
+    resolved = resolve(target)
+    try:
+        engine = build_engine(readable_target(resolved), read_only=True, poolclass=NullPool)
+        try:
+            with engine.connect() as connection:
+                return detect_legacy_generation(connection)
+        finally:
+            engine.dispose()
+    except NotAProjectionDatabase as exc:
+        raise NotAProjectionDatabase(
+            f"{resolved.describe()} is not a relay projection (an unknown shape; "
+            f"`upgrade` refuses it): {exc}"
+        ) from None
+    except Exception as exc:
+        error = translate(exc, f"reading {resolved.describe()}")
+        if error is exc:
+            raise
+        raise error from exc
+
+
 def out_of_date(revision: Revision) -> SchemaOutOfDate:
     return SchemaOutOfDate(
         f"{revision.database} is at revision {revision.current or '(none)'}, "

@@ -12,7 +12,14 @@ from typing import TYPE_CHECKING
 
 import click
 
-from .access import Revision, out_of_date, read_revision, read_revision_quickly, schema_drift
+from .access import (
+    Revision,
+    legacy_shape,
+    out_of_date,
+    read_revision,
+    read_revision_quickly,
+    schema_drift,
+)
 from .errors import BadInput, CliError, Drift, translate
 from .jsonview import echo_json
 from .options import Settings, db_option, json_option, pass_settings
@@ -243,8 +250,15 @@ def revision_json(revision: Revision) -> dict[str, object]:
 def current(settings: Settings, as_json: bool) -> None:
     """Show the database's revision and whether it is the head. Reads only."""
     revision = read_revision_quickly(settings.target)
+    # Unversioned: what `upgrade` would make of it (unknown relay tables: exit 2, as there).
+    shape = legacy_shape(settings.target) if revision.current is None else None
     if as_json:
         echo_json(revision_json(revision))
+    elif shape is not None:
+        click.echo(
+            f"{revision.database}: no revision (an unversioned database of an older "
+            f"relay-flow release, shaped like {shape}; `upgrade` adopts it)"
+        )
     else:
         click.echo(f"{revision.database}: {revision_text(revision)}")
 
