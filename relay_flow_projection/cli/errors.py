@@ -63,7 +63,7 @@ class CliError(click.ClickException):
     def __init__(self, message: str, exit_code: int | None = None) -> None:
         super().__init__(one_line(message) or "failed")
         if exit_code is not None:
-            self.exit_code = exit_code
+            vars(self)["exit_code"] = exit_code  # click declares it a ClassVar; per error here
 
     def show(self, file: IO[Any] | None = None) -> None:
         click.echo(f"{PROG_NAME}: error: {self.format_message()}", file=file, err=True)
