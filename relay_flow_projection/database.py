@@ -89,7 +89,7 @@ def has_nonterminal_runs(target: Target) -> bool:
 def _refuse_missing_file(resolved: ResolvedTarget, upgrade: bool) -> None:
     _check_file(resolved)
     if not upgrade and resolved.path is not None and not resolved.path.exists():
-        raise SchemaOutOfDate(
+        raise ProjectionError(
             f"{resolved.path} does not exist; create it with upgrade() "
             "or open_projection(..., upgrade=True)"
         )

@@ -457,10 +457,32 @@ def facade(request: pytest.FixtureRequest) -> str:
     return str(request.param)
 
 
+# Why the conftest deselected what it did (reason: count), for the terminal summary.
+DESELECTED_BY_CONFTEST: dict[str, int] = {}
+POSTGRESQL_ONLY = "PostgreSQL-only combinations (facade asyncpg, route pgbouncer) on sqlite/mysql"
+ROUTE_LEFT_OUT = "routes RELAY_FLOW_TEST_ROUTES leaves out"
+
+
+def matrix_text() -> str:
+    """The matrix the functional suite runs on, and the variables that narrow it."""
+    return (
+        f"relay-flow test matrix: dialects {','.join(DIALECTS)}; "
+        f"facades {','.join(FACADES)} (RELAY_FLOW_TEST_FACADES); "
+        f"routes {','.join(ROUTES)} (RELAY_FLOW_TEST_ROUTES); "
+        "asyncpg and pgbouncer cases run on PostgreSQL only (the others are deselected); "
+        "narrow with -k sqlite, -n0 for one process (README, Running one part quickly)"
+    )
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    return matrix_text()
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """asyncpg and PgBouncer are PostgreSQL's: drop their other combinations, not skip them.
 
     Also drops the routes RELAY_FLOW_TEST_ROUTES leaves out, where a test names its own.
+    How many went for which reason is printed at the end (pytest_terminal_summary).
     """
     keep, drop = [], []
     for item in items:
@@ -468,13 +490,32 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         chosen = params.params if params is not None else {}
         postgresql_only = chosen.get("facade") == "asyncpg" or chosen.get("route") == "pgbouncer"
         left_out = "route" in chosen and chosen["route"] not in ROUTES
-        if left_out or (postgresql_only and chosen.get("dialect", "postgresql") != "postgresql"):
-            drop.append(item)
+        if left_out:
+            reason = ROUTE_LEFT_OUT
+        elif postgresql_only and chosen.get("dialect", "postgresql") != "postgresql":
+            reason = POSTGRESQL_ONLY
         else:
             keep.append(item)
+            continue
+        drop.append(item)
+        DESELECTED_BY_CONFTEST[reason] = DESELECTED_BY_CONFTEST.get(reason, 0) + 1
     if drop:
         config.hook.pytest_deselected(items=drop)
         items[:] = keep
+
+
+def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
+    """Say why tests were deselected: a bare "560 deselected" explains nothing."""
+    deselected = len(terminalreporter.stats.get("deselected", []))
+    if not deselected and not DESELECTED_BY_CONFTEST:
+        return
+    terminalreporter.section("deselected")
+    for reason, count in DESELECTED_BY_CONFTEST.items():
+        terminalreporter.write_line(f"{count} deselected: {reason}")
+    rest = deselected - sum(DESELECTED_BY_CONFTEST.values())
+    if rest > 0:
+        terminalreporter.write_line(f"{rest} deselected: by -k/-m")
+    terminalreporter.write_line(matrix_text())
 
 
 @pytest.fixture(scope="session")

@@ -25,6 +25,8 @@ from click.testing import CliRunner, Result
 from conftest import set_versions, skip_or_fail
 
 from relay_flow_projection import (
+    DatabaseBusy,
+    DatabaseUnavailable,
     ExecutorIdentity,
     IdentityMismatch,
     IdentityMissing,
@@ -253,7 +255,7 @@ def test_current_of_an_empty_database(db_url: str) -> None:
         assert json.loads(result.stdout)["revision"] is None
         assert "not initialized" in ok("--db", db_url, "current").stdout
     else:  # a missing SQLite file is not created by a reading command
-        assert_error(result, 1, "does not exist")
+        assert_error(result, 3, "does not exist")
         assert not Path(db_url).exists()
 
 
@@ -267,9 +269,9 @@ def test_check_passes_at_head_without_drift(migrated_url: str) -> None:
 
 def test_check_fails_when_not_at_head(db_url: str) -> None:
     ok("--db", db_url, "upgrade", "0004")
-    assert_error(invoke("--db", db_url, "check"), 1, "not at head")
+    assert_error(invoke("--db", db_url, "check"), 4, "not at head")
     result = invoke("--db", db_url, "check", "--json")
-    assert result.exit_code == 1
+    assert result.exit_code == 4
     report = json.loads(result.stdout)
     assert report["ok"] is False
     assert report["revision"] == "0004_adopt_legacy_rows"
@@ -278,10 +280,10 @@ def test_check_fails_when_not_at_head(db_url: str) -> None:
 def test_check_fails_and_lists_drift(migrated_url: str) -> None:
     add_stray_table(migrated_url)
     result = invoke("--db", migrated_url, "check")
-    assert_error(result, 1, "drifts from the models (1 difference)")
+    assert_error(result, 5, "drifts from the models (1 difference)")
     assert "drift: remove_table relay_stray" in result.stdout
     failed = invoke("--db", migrated_url, "check", "--json")
-    assert failed.exit_code == 1
+    assert failed.exit_code == 5
     report = json.loads(failed.stdout)
     assert report["ok"] is False
     assert report["at_head"] is True
@@ -338,7 +340,7 @@ def test_status_shows_the_identity_and_an_empty_database(migrated_url: str) -> N
 def test_status_refuses_a_database_not_at_head(db_url: str) -> None:
     ok("--db", db_url, "upgrade", "0003")
     result = invoke("--db", db_url, "status")
-    assert_error(result, 1, "not at head")
+    assert_error(result, 4, "not at head")
     assert "relay-flow-projection upgrade" in result.stderr
 
 
@@ -373,7 +375,7 @@ def test_runs_list_pages_with_limit_and_after(seeded_url: str) -> None:
     text = ok("--db", seeded_url, "runs", "list", "--limit", "2")
     assert "--after run-b" in text.stderr
 
-    assert_error(invoke("--db", seeded_url, "runs", "list", "--after", "ghost"), 1, "'ghost'")
+    assert_error(invoke("--db", seeded_url, "runs", "list", "--after", "ghost"), 3, "'ghost'")
     assert_error(invoke("--db", seeded_url, "runs", "list", "--limit", "0"), 2, "--limit")
     assert_error(invoke("--db", seeded_url, "runs", "list", "--limit", "x"), 2, "--limit")
 
@@ -461,10 +463,10 @@ def test_runs_show_with_node_runtimes(seeded_url: str) -> None:
     assert as_json("--db", seeded_url, "runs", "show", "run-d")["node_runtimes"] == []
 
 
-def test_runs_show_of_a_missing_run_exits_1(migrated_url: str) -> None:
-    assert_error(invoke("--db", migrated_url, "runs", "show", "ghost"), 1, "run 'ghost' not found")
+def test_runs_show_of_a_missing_run_exits_3(migrated_url: str) -> None:
+    assert_error(invoke("--db", migrated_url, "runs", "show", "ghost"), 3, "run 'ghost' not found")
     result = invoke("--db", migrated_url, "runs", "show", "ghost", "--json")
-    assert_error(result, 1, "not found")
+    assert_error(result, 3, "not found")
     assert result.stdout == ""
 
 
@@ -559,7 +561,7 @@ def test_identity_verify_without_a_marker_never_writes(migrated_url: str) -> Non
     assert "goworkflows adopts this database" in result.stdout
     assert as_json("--db", migrated_url, "identity", "show") == {"identity": None}
     missing = invoke("--db", migrated_url, "identity", "verify", *TEMPORAL)
-    assert_error(missing, 1, "no executor identity marker")
+    assert_error(missing, 3, "no executor identity marker")
     assert (
         "none (no executor identity marker)" in ok("--db", migrated_url, "identity", "show").stdout
     )
@@ -580,8 +582,8 @@ def test_environment_variable_is_the_fallback_target(seeded_url: str, tmp_path: 
     assert as_json("status", env=env)["total_runs"] == 4
     # --db wins over the environment, before or after the command name.
     missing = str(tmp_path / "elsewhere.db")
-    assert_error(invoke("--db", missing, "status", env=env), 1, "does not exist")
-    assert_error(invoke("status", "--db", missing, env=env), 1, "does not exist")
+    assert_error(invoke("--db", missing, "status", env=env), 3, "does not exist")
+    assert_error(invoke("status", "--db", missing, env=env), 3, "does not exist")
     assert as_json("status", "--db", seeded_url, env={ENV_VAR: missing})["total_runs"] == 4
 
 
@@ -611,17 +613,19 @@ def test_bad_targets() -> None:
     assert_error(invoke("--db", "", "current"), 2, "must not be empty")
     assert_error(invoke("current", "--db", " "), 2, "must not be empty")
     unreachable = "postgresql+psycopg://postgres@127.0.0.1:1/none?connect_timeout=2"
-    assert_error(invoke("--db", unreachable, "current"), 1, "127.0.0.1")
+    assert_error(invoke("--db", unreachable, "current"), 75, "127.0.0.1")
 
 
 @pytest.mark.parametrize(
     ("error", "exit_code"),
     [
-        (RunNotFound("r"), 1),
-        (NodeRuntimeNotFound("n"), 1),
+        (RunNotFound("r"), 3),
+        (NodeRuntimeNotFound("n"), 3),
         (IdentityMismatch("m"), 1),
-        (IdentityMissing("m"), 1),
-        (SchemaOutOfDate("s"), 1),
+        (IdentityMissing("m"), 3),
+        (SchemaOutOfDate("s"), 4),
+        (DatabaseUnavailable("u"), 75),
+        (DatabaseBusy("b"), 75),
         (ProjectionError("p"), 1),
         (InvalidIdentity("i"), 2),
         (NotAProjectionDatabase("x"), 2),
@@ -714,7 +718,7 @@ def test_console_script_end_to_end(tmp_path: Path) -> None:
     assert status.returncode == 0, status.stderr
     assert json.loads(status.stdout)["revision"] == head_revision()
     missing = run("runs", "show", "ghost")
-    assert missing.returncode == 1
+    assert missing.returncode == 3
     assert missing.stderr == f"{ERROR_PREFIX}run 'ghost' not found\n"
     bad = run("sweep", "--older-than", "soon")
     assert bad.returncode == 2
@@ -891,7 +895,7 @@ def test_the_db_after_the_command_wins(seeded_url: str, tmp_path: Path) -> None:
     listed = json.loads(ok("--json", "runs", "list", "--db", seeded_url).stdout)
     assert [run["id"] for run in listed["runs"]] == ["run-a", "run-b", "run-c", "run-d"]
     missing = tmp_path / "missing.db"
-    assert_error(invoke("--db", seeded_url, "current", "--db", str(missing)), 1, "does not exist")
+    assert_error(invoke("--db", seeded_url, "current", "--db", str(missing)), 3, "does not exist")
     assert ok("--db", str(missing), "current", "--db", seeded_url).exit_code == 0
 
 
@@ -934,7 +938,12 @@ def test_downgrade_and_history(migrated_url: str) -> None:
     )
     assert_error(invoke("--db", migrated_url, "upgrade", "0004"), 1, "already at 0004")
     assert_error(invoke("--db", migrated_url, "downgrade"), 2, "REVISION")
-    ok("--db", migrated_url, "downgrade", "base")
+    # base drops every table: not without --yes (stdin is no terminal here)
+    refused = invoke("--db", migrated_url, "downgrade", "base")
+    assert_error(refused, 2, "--yes")
+    assert "0003_generation_3" in refused.stderr
+    assert as_json("--db", migrated_url, "current")["revision"] == "0004_adopt_legacy_rows"
+    ok("--db", migrated_url, "downgrade", "base", "--yes")
     assert as_json("--db", migrated_url, "current")["revision"] is None
     assert_error(invoke("--db", migrated_url, "downgrade", "base"), 1, "no revision")
     ok("--db", migrated_url, "upgrade")
@@ -953,7 +962,7 @@ def test_a_newer_releases_revision_says_upgrade_the_package(
 ) -> None:
     set_versions(migrated_url, "0099_from_the_future")
     result = invoke("--db", migrated_url, *command.split())
-    assert_error(result, 1, "0099_from_the_future")
+    assert_error(result, 4, "0099_from_the_future")
     assert "upgrade the relay-flow-projection package" in result.stderr
 
 
@@ -992,9 +1001,9 @@ def test_a_missing_driver_names_the_extra(tmp_path: Path) -> None:
         assert 'install it with pip install "relay-flow-projection[postgresql]"' in line
 
 
-def test_an_unreachable_server_is_one_line_exit_1() -> None:
+def test_an_unreachable_server_is_one_line_exit_75() -> None:
     result = invoke("--db", "postgresql+psycopg://postgres@127.0.0.1:1/nothing", "current")
-    assert_error(result, 1, "unavailable")
+    assert_error(result, 75, "unavailable")
 
 
 def test_cli_constants_match_the_library() -> None:
@@ -1057,3 +1066,101 @@ def test_reading_commands_work_on_a_read_only_database(tmp_path: Path) -> None:
         assert "the database is read-only" in result.stderr, result.stderr
         assert len(result.stderr.splitlines()) == 1
     assert sorted(p.name for p in directory.iterdir()) == ["relay.db"]
+
+
+def test_downgrade_takes_a_negative_step_with_or_without_a_double_dash(
+    migrated_url: str,
+) -> None:
+    head = head_revision()
+    step = ok("--db", migrated_url, "downgrade", "-1")  # 0005 drops indexes only: no --yes
+    assert f"from {head} to 0004_adopt_legacy_rows" in step.stdout
+    again = ok("--db", migrated_url, "downgrade", "--", "-1")  # 0004 changes no data
+    assert "from 0004_adopt_legacy_rows to 0003_generation_3" in again.stdout
+    assert_error(invoke("--db", migrated_url, "downgrade", "-1"), 2, "run again with --yes")
+    assert as_json("--db", migrated_url, "current")["revision"] == "0003_generation_3"
+    ok("--db", migrated_url, "downgrade", "-1", "--yes")
+    assert as_json("--db", migrated_url, "current")["revision"] == "0002_generation_2"
+    assert_error(invoke("--db", migrated_url, "downgrade", "-9", "--yes"), 2, "only 2 are applied")
+    assert_error(invoke("--db", migrated_url, "downgrade", "+1"), 2, "step up")
+    assert_error(invoke("--db", migrated_url, "downgrade", "--bogus"), 2, "No such option")
+
+
+def test_every_revision_declares_whether_its_downgrade_keeps_data() -> None:
+    import ast
+
+    from relay_flow_projection.migrate import migrations_directory
+
+    declared = {}
+    for script in sorted((migrations_directory() / "versions").glob("*.py")):
+        tree = ast.parse(script.read_text())
+        values = [
+            node.value.value
+            for node in tree.body
+            if isinstance(node, ast.AnnAssign | ast.Assign)
+            and isinstance(node.value, ast.Constant)
+            and any(
+                isinstance(t, ast.Name) and t.id == "downgrade_keeps_data"
+                for t in (node.targets if isinstance(node, ast.Assign) else [node.target])
+            )
+        ]
+        assert len(values) == 1, f"{script.name} must declare downgrade_keeps_data once"
+        assert isinstance(values[0], bool), script.name
+        declared[script.stem] = values[0]
+    assert declared["0001_generation_1"] is False  # drops relay_runs
+    assert declared["0003_generation_3"] is False  # drops columns and the identity table
+    assert declared["0005_scale_indexes"] is True  # indexes only
+
+
+@pytest.mark.sqlite_only
+def test_a_data_deleting_downgrade_asks_on_a_terminal(tmp_path: Path) -> None:
+    target = str(tmp_path / "projection.db")
+    ok("--db", target, "init")
+
+    def answer(reply: bytes) -> tuple[int, bytes]:
+        controller, terminal = pty.openpty()
+        process = subprocess.Popen(
+            [console_script(), "--db", target, "downgrade", "base"],
+            stdin=terminal, stdout=terminal, stderr=terminal, env=process_env(),
+        )  # fmt: skip
+        os.close(terminal)
+        os.write(controller, reply)
+        shown = b""
+        while True:
+            try:
+                chunk = os.read(controller, 4096)
+            except OSError:
+                break
+            if not chunk:
+                break
+            shown += chunk
+        os.close(controller)
+        return process.wait(timeout=60), shown
+
+    code, shown = answer(b"n\n")
+    assert code == 2, shown
+    assert b"Continue?" in shown
+    assert as_json("--db", target, "current")["revision"] == head_revision()
+    code, shown = answer(b"y\n")
+    assert code == 0, shown
+    assert as_json("--db", target, "current")["revision"] is None
+
+
+def test_a_second_init_says_it_was_already_initialized(db_url: str) -> None:
+    assert "initialized" in ok("--db", db_url, "init").stdout
+    second = ok("--db", db_url, "init").stdout
+    assert "already initialized" in second
+    assert not second.startswith("initialized")
+
+
+def test_current_names_relay_tables_of_an_unknown_shape_as_upgrade_does(db_url: str) -> None:
+    engine = create_engine(db_url)
+    try:
+        with engine.begin() as connection:
+            connection.execute(sa.text("CREATE TABLE relay_runs (id INTEGER PRIMARY KEY)"))
+    finally:
+        engine.dispose()
+    current = invoke("--db", db_url, "current")
+    assert_error(current, 2, "is not a relay projection (an unknown shape")
+    assert "not initialized" not in current.output
+    if not db_url.startswith("mysql"):  # MySQL's upgrade fails later, in its DDL (exit 1)
+        assert_error(invoke("--db", db_url, "upgrade"), 2, "match no known relay-flow release")

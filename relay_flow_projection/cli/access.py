@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ..errors import ProjectionError, SchemaOutOfDate
-from .errors import BadInput, translate
+from .errors import BadInput, NotFound, translate
 
 if TYPE_CHECKING:
     from ..engine import ResolvedTarget
@@ -39,7 +39,7 @@ class Revision:
 
 def _require_file(resolved: ResolvedTarget) -> None:
     if resolved.path is not None and not resolved.path.exists():
-        raise ProjectionError(
+        raise NotFound(
             f"{resolved.path} does not exist; create it with `relay-flow-projection init`"
         )
 
@@ -99,6 +99,38 @@ def read_revision_quickly(target: str) -> Revision:
 
     found = quick_revision(target)
     return read_revision(target) if found is None else Revision(*found)
+
+
+def legacy_shape(target: str) -> str | None:
+    """What an unversioned database is, as ``upgrade`` judges it (legacy.py): the
+    revision of the relay-flow Go release whose shape it has (``upgrade`` adopts it),
+    None when it holds no relay tables (``upgrade`` creates them). Relay tables of
+    no known shape raise NotAProjectionDatabase (bad input), as ``upgrade`` does."""
+    from sqlalchemy.pool import NullPool
+
+    from ..engine import build_engine
+    from ..errors import NotAProjectionDatabase
+    from ..legacy import detect_legacy_generation
+    from ..migration_env import readable_target
+
+    resolved = resolve(target)
+    try:
+        engine = build_engine(readable_target(resolved), read_only=True, poolclass=NullPool)
+        try:
+            with engine.connect() as connection:
+                return detect_legacy_generation(connection)
+        finally:
+            engine.dispose()
+    except NotAProjectionDatabase as exc:
+        raise NotAProjectionDatabase(
+            f"{resolved.describe()} is not a relay projection (an unknown shape; "
+            f"`upgrade` refuses it): {exc}"
+        ) from None
+    except Exception as exc:
+        error = translate(exc, f"reading {resolved.describe()}")
+        if error is exc:
+            raise
+        raise error from exc
 
 
 def out_of_date(revision: Revision) -> SchemaOutOfDate:

@@ -12,7 +12,7 @@ from typing import Any
 
 import click
 
-from .errors import PROG_NAME, one_line_errors
+from .errors import EXIT_OK, PROG_NAME, one_line_errors, silence_stdout
 from .options import Settings, global_db_option, global_json_option
 
 # name: (module in this package, attribute, short help shown by --help)
@@ -21,7 +21,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "upgrade": ("schema_commands", "upgrade", "Upgrade the database to REVISION (default: head)."),
     "downgrade": ("schema_commands", "downgrade", "Downgrade the database to REVISION."),
     "current": ("schema_commands", "current", "Show the database's revision."),
-    "check": ("schema_commands", "check", "Exit 1 unless at head and matching the models."),
+    "check": ("schema_commands", "check", "Exit 0 if at head and matching the models."),
     "history": ("schema_commands", "history", "The revisions of this release, newest first."),
     "status": ("run_commands", "status", "Revision, identity, runs per state, oldest active."),
     "runs": ("run_commands", "runs", "List and show runs."),
@@ -81,8 +81,9 @@ def cli(ctx: click.Context, target: str, as_json: bool) -> None:
 
     --db and --json may be given before or after the command name.
 
-    Exit codes: 0 ok; 1 not found, mismatch, not at head, database unavailable
-    or busy; 2 usage or bad input.
+    Exit codes: 0 ok; 1 other failure; 2 usage or bad input; 3 not found;
+    4 not at head; 5 drift (check); 75 unavailable or busy, retry later;
+    130 interrupted.
     """
     ctx.obj = Settings(target, as_json)
     if as_json and ctx.invoked_subcommand is not None:
@@ -101,4 +102,19 @@ def _require_json_output(ctx: click.Context, name: str) -> None:
 
 def main() -> None:
     """The ``relay-flow-projection`` console script."""
-    cli.main(prog_name=PROG_NAME)
+    try:
+        cli.main(prog_name=PROG_NAME)
+    finally:
+        _flush_for_a_reader_that_left()
+
+
+def _flush_for_a_reader_that_left() -> None:
+    """Output still buffered when the reader closed the pipe (``| head``) ends quietly:
+    flushed here, not at interpreter exit (exit code 120, "Exception ignored")."""
+    import sys
+
+    try:
+        sys.stdout.flush()
+    except BrokenPipeError:
+        silence_stdout()
+        raise SystemExit(EXIT_OK) from None

@@ -59,11 +59,15 @@ def init(
 
     identity = identity_from_options(executor, temporal_address, temporal_namespace)
     resolve(settings.target)  # a malformed URL is bad input (exit 2), before anything runs
+    before = read_revision(settings.target, missing_ok=True)
     if identity is None:
         init_database(settings.target)
     else:
         init_database_with_identity(settings.target, identity)
     revision = read_revision(settings.target)
-    click.echo(f"initialized {revision.database} at revision {revision_text(revision)}")
+    if before.at_head:
+        click.echo(f"{revision.database} was already initialized, at {revision_text(revision)}")
+    else:
+        click.echo(f"initialized {revision.database} at revision {revision_text(revision)}")
     if identity is not None:
         click.echo(f"executor identity: {identity_text(identity)}")

@@ -12,8 +12,15 @@ from typing import TYPE_CHECKING
 
 import click
 
-from .access import Revision, out_of_date, read_revision, read_revision_quickly, schema_drift
-from .errors import CliError, translate
+from .access import (
+    Revision,
+    legacy_shape,
+    out_of_date,
+    read_revision,
+    read_revision_quickly,
+    schema_drift,
+)
+from .errors import BadInput, CliError, Drift, translate
 from .jsonview import echo_json
 from .options import Settings, db_option, json_option, pass_settings
 
@@ -98,34 +105,101 @@ def upgrade(settings: Settings, revision: str) -> None:
     )
 
 
-@click.command()
+_STEPS_DOWN = re.compile(r"(?P<base>.*?)-(?P<steps>\d+)")
+
+
+def _downgrade_target(script: ScriptDirectory, before: Revision, revision: str) -> str | None:
+    """The revision id a downgrade to REVISION ends at (None for base).
+
+    Relative steps down (``-1``, ``head-2``, ``0005-1``) are resolved here, not
+    by Alembic, so that the revisions a downgrade undoes are known before it runs.
+    """
+    relative = _STEPS_DOWN.fullmatch(revision)
+    if relative is None:
+        if "+" in revision:
+            raise click.BadParameter(
+                f"{revision!r} is a step up; `downgrade` only goes back "
+                "(use `relay-flow-projection upgrade`)",
+                param_hint="REVISION",
+            )
+        return _resolve_revision(script, revision)
+    base = relative["base"]
+    origin = before.current if base in {"", "current"} else _resolve_revision(script, base)
+    below = _ancestry(script, origin)
+    steps = int(relative["steps"])
+    if steps > len(below):
+        raise click.BadParameter(
+            f"{revision!r} goes {steps} revision{'' if steps == 1 else 's'} back from "
+            f"{origin}, but only {len(below)} {'is' if len(below) == 1 else 'are'} applied",
+            param_hint="REVISION",
+        )
+    return below[steps] if steps < len(below) else None
+
+
+def keeps_data(script: ScriptDirectory, revision: str) -> bool:
+    """Whether undoing *revision* keeps every row: its module's ``downgrade_keeps_data``
+    (every revision declares it; tests/test_cli.py holds them to it). Undeclared: no."""
+    found = script.get_revision(revision)
+    return found is not None and getattr(found.module, "downgrade_keeps_data", False) is True
+
+
+def _confirm_data_loss(database: str, deleting: list[str], yes: bool) -> None:
+    """A downgrade that deletes data runs only with --yes, or when confirmed on a terminal."""
+    import sys
+
+    if yes or not deleting:
+        return
+    what = (
+        f"downgrading {database} undoes {', '.join(deleting)}, which "
+        f"drop{'s' if len(deleting) == 1 else ''} tables or columns and the data in them"
+    )
+    if sys.stdin.isatty():
+        if click.confirm(f"{what}. Back up the database first. Continue?", default=False):
+            return
+        raise BadInput(f"{what}; not confirmed, nothing changed")
+    raise BadInput(f"{what}; back up the database, then run again with --yes")
+
+
+@click.command(context_settings={"ignore_unknown_options": True})
 @click.argument("revision")
+@click.option(
+    "--yes",
+    "-y",
+    is_flag=True,
+    help="Do not ask before a downgrade that deletes data (tables, columns).",
+)
 @db_option
 @pass_settings
-def downgrade(settings: Settings, revision: str) -> None:
+def downgrade(settings: Settings, revision: str, yes: bool) -> None:
     """Downgrade the database to REVISION (a revision id, `base`, or `-1`).
 
     Undoes the revisions above REVISION, dropping what they added: back up
-    the database first. A REVISION at or above the current one exits 1.
+    the database first. One that deletes data (tables, columns) runs only with
+    --yes, or when confirmed on a terminal. A REVISION at or above the
+    current one exits 1.
     """
     from .. import migrate
 
+    if revision.startswith("--"):  # an unknown option, let through for `-1`
+        raise click.NoSuchOption(revision)
     script = _script()
     before = read_revision(settings.target)
     if before.current is None:
         raise CliError(f"{before.database} has no revision to downgrade from")
-    if not _relative(revision):
-        wanted = _resolve_revision(script, revision)
-        below = _ancestry(script, before.current)[1:]
-        if wanted == before.current:
-            raise CliError(f"{before.database} is already at {revision_text(before)}")
-        if wanted is not None and wanted not in below:
-            raise CliError(
-                f"{before.database} is at {revision_text(before)}, below {wanted}; "
-                f"`downgrade` only goes back: use `relay-flow-projection upgrade {wanted}`"
-            )
+    wanted = _downgrade_target(script, before, revision)
+    current_and_below = _ancestry(script, before.current)
+    if wanted == before.current:
+        raise CliError(f"{before.database} is already at {revision_text(before)}")
+    if wanted is not None and wanted not in current_and_below[1:]:
+        raise CliError(
+            f"{before.database} is at {revision_text(before)}, below {wanted}; "
+            f"`downgrade` only goes back: use `relay-flow-projection upgrade {wanted}`"
+        )
+    kept = set(_ancestry(script, wanted))
+    undone = [r for r in current_and_below if r not in kept]
+    _confirm_data_loss(before.database, [r for r in undone if not keeps_data(script, r)], yes)
     try:
-        migrate.run_downgrade(settings.target, revision)
+        migrate.run_downgrade(settings.target, wanted or "base")
     except Exception as exc:
         error = translate(exc, f"downgrading {before.database} to {revision}")
         if error is exc:
@@ -176,8 +250,15 @@ def revision_json(revision: Revision) -> dict[str, object]:
 def current(settings: Settings, as_json: bool) -> None:
     """Show the database's revision and whether it is the head. Reads only."""
     revision = read_revision_quickly(settings.target)
+    # Unversioned: what `upgrade` would make of it (unknown relay tables: exit 2, as there).
+    shape = legacy_shape(settings.target) if revision.current is None else None
     if as_json:
         echo_json(revision_json(revision))
+    elif shape is not None:
+        click.echo(
+            f"{revision.database}: no revision (an unversioned database of an older "
+            f"relay-flow release, shaped like {shape}; `upgrade` adopts it)"
+        )
     else:
         click.echo(f"{revision.database}: {revision_text(revision)}")
 
@@ -209,7 +290,7 @@ def describe_diff(diff: object) -> str:
 @json_option
 @pass_settings
 def check(settings: Settings, as_json: bool) -> None:
-    """Exit 1 unless the database is at head and matches the models (`alembic check`)."""
+    """Exit 0 only if the database is at head (else 4) and matches the models (else 5)."""
     revision = read_revision(settings.target)
     drift = (
         [describe_diff(diff) for diff in schema_drift(settings.target)] if revision.at_head else []
@@ -222,7 +303,7 @@ def check(settings: Settings, as_json: bool) -> None:
     if not revision.at_head:
         raise out_of_date(revision)
     if drift:
-        raise CliError(
+        raise Drift(
             f"{revision.database} drifts from the models ({len(drift)} difference"
             f"{'' if len(drift) == 1 else 's'})"
         )

@@ -28,6 +28,9 @@ revision: str = ${repr(up_revision)}
 down_revision: str | Sequence[str] | None = ${repr(down_revision)}
 branch_labels: str | Sequence[str] | None = ${repr(branch_labels)}
 depends_on: str | Sequence[str] | None = ${repr(depends_on)}
+# True only if downgrade() deletes no rows, columns or tables (an index-only
+# revision); otherwise `relay-flow-projection downgrade` past it needs --yes.
+downgrade_keeps_data: bool = False
 
 
 def upgrade() -> None:

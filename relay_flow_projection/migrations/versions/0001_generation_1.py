@@ -25,6 +25,8 @@ revision: str = "0001_generation_1"
 down_revision: str | Sequence[str] | None = None
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
+# downgrade() drops relay_runs: the CLI's `downgrade` asks for --yes (README).
+downgrade_keeps_data: bool = False
 
 
 def upgrade() -> None:

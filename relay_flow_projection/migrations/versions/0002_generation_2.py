@@ -22,6 +22,8 @@ revision: str = "0002_generation_2"
 down_revision: str | Sequence[str] | None = "0001_generation_1"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
+# downgrade() drops tables and columns: the CLI's `downgrade` asks for --yes (README).
+downgrade_keeps_data: bool = False
 
 RETRY_COLUMNS = ("retry_error", "retry_attempt", "next_retry_at")
 

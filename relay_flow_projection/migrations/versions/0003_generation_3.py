@@ -21,6 +21,8 @@ revision: str = "0003_generation_3"
 down_revision: str | Sequence[str] | None = "0002_generation_2"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
+# downgrade() drops columns and the identity table: `downgrade` asks for --yes (README).
+downgrade_keeps_data: bool = False
 
 
 def upgrade() -> None:

@@ -54,6 +54,8 @@ revision: str = "0004_adopt_legacy_rows"
 down_revision: str | Sequence[str] | None = "0003_generation_3"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
+# downgrade() changes nothing: no --yes needed (README).
+downgrade_keeps_data: bool = True
 
 log = logging.getLogger("relay_flow_projection.migrations")
 

@@ -24,6 +24,8 @@ revision: str = "0005_scale_indexes"
 down_revision: str | Sequence[str] | None = "0004_adopt_legacy_rows"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
+# downgrade() drops indexes only: no --yes needed (README).
+downgrade_keeps_data: bool = True
 
 ACTIVE = sa.text("state NOT IN ('canceled', 'completed')")
 TERMINAL = sa.text("state IN ('canceled', 'completed')")
