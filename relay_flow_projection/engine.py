@@ -112,37 +112,58 @@ def check_sqlite_file(path: Path) -> None:
 
     Runs before SQLite sees the file so that a file that is not a database is
     left byte-for-byte untouched (no ``-wal``/``-shm`` appears beside it).
+    A file another process is creating or checkpointing at this moment can look
+    damaged for a few milliseconds (page 1 half written, the page count ahead of
+    the file's size), so a bad verdict is judged again over about 0.3 s: a
+    damaged file stays damaged, a healthy one settles.
     """
     if path.is_dir():
         raise NotAProjectionDatabase(f"{path} is a directory, not a SQLite database")
+    for pause in (*_SETTLE_PAUSES, None):
+        problem = _sqlite_file_problem(path)
+        if problem is None:
+            return
+        if pause is None:
+            raise NotAProjectionDatabase(problem)
+        time.sleep(pause)
+
+
+_SETTLE_PAUSES = (0.01, 0.02, 0.04, 0.08, 0.16)  # 0.31 s in all, only for a bad-looking file
+
+
+def _sqlite_file_problem(path: Path) -> str | None:
+    """Why *path* is not a usable SQLite file right now; None if it is (or is absent, empty)."""
     try:
         with path.open("rb") as handle:
             header = handle.read(100)
             size = os.fstat(handle.fileno()).st_size
     except FileNotFoundError:
-        return
+        return None
+    except IsADirectoryError:
+        return f"{path} is a directory, not a SQLite database"
     except OSError as exc:
         raise ProjectionError(f"cannot read {path}: {exc.strerror or exc}") from exc
     if size == 0:
-        return  # SQLite treats an empty file as an empty database
+        return None  # SQLite treats an empty file as an empty database
     if len(header) < 100 or not header.startswith(SQLITE_MAGIC):
-        raise NotAProjectionDatabase(f"{path} is not a SQLite database")
+        return f"{path} is not a SQLite database"
     page_size = int.from_bytes(header[16:18], "big")
     page_size = 65536 if page_size == 1 else page_size
     page_count = int.from_bytes(header[28:32], "big")
     if page_size < 512:
-        raise NotAProjectionDatabase(f"{path} is not a SQLite database (page size {page_size})")
+        return f"{path} is not a SQLite database (page size {page_size})"
     # While a -wal file exists the main file is not the whole database: another
     # process's checkpoint writes page 1 (the new page count) before the pages
     # that extend the file, so the sizes below disagree for a moment on a
     # healthy database. Only a database without a WAL can be judged by its size.
     if Path(f"{path}-wal").exists():
-        return
+        return None
     if size % page_size or size < page_count * page_size:
-        raise NotAProjectionDatabase(
+        return (
             f"{path} is a truncated or damaged SQLite database "
             f"({size} bytes, header says {page_count} pages of {page_size})"
         )
+    return None
 
 
 def create_private_file(path: Path) -> None:
