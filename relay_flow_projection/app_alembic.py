@@ -114,6 +114,8 @@ def _problem(script: ScriptDirectory | None, directive: MigrationScript) -> str 
     except (RevisionError, CommandError):
         return None  # Alembic refuses it itself, in its own words
     for parent in parents:
+        if parent is None or isinstance(parent, str):
+            continue  # base
         path = getattr(parent, "path", None)
         if path is not None and _is_ours(Path(path).parent):
             where = "" if directive.version_path is not None else ", in the installed package"
