@@ -383,13 +383,13 @@ def adopt_unversioned(
 
 def require_known_revision(
     migration: MigrationContext, connection: Connection, script: ScriptDirectory, changes: bool
-) -> bool:
-    """Whether this environment may run the chain here (False: an upgrade with nothing to do).
+) -> None:
+    """Refuse what this environment cannot run the chain on.
 
     A database stamped by a newer release gets a clear error, not "Can't locate
     revision". A version table shared with another chain (an application that
-    runs ours from its own environment, README "Deploying") is migrated by
-    that environment: ours only confirms it is at head, or says where to go.
+    runs ours from its own environment, README "An application with its own
+    Alembic environment") is judged by our branch's row only: see_our_branch_only.
     """
     heads = migration.get_current_heads()
     connection.rollback()
@@ -397,16 +397,41 @@ def require_known_revision(
     if error is not None:
         raise error
     foreign = foreign_revisions(heads, script)
-    if not foreign:
-        return True
-    if changes and chain_revision(heads, script) == script.get_current_head():
-        log.info("the projection is at head; the rest of alembic_version is another chain's")
-        return False
-    raise ProjectionError(
-        f"the database's alembic_version also holds another chain's revisions "
-        f"({', '.join(foreign)}): it is migrated from that application's Alembic "
-        "environment (`alembic upgrade heads` there), not from relay_flow_projection's"
-    )
+    if foreign:
+        if changes and migration.purge:
+            raise ProjectionError(
+                "stamp --purge would delete the rows of another chain sharing alembic_version "
+                f"({', '.join(foreign)}); stamp without --purge"
+            )
+        log.info(
+            "alembic_version also holds another chain's revisions (%s): "
+            "judging relay_flow_projection's branch only",
+            ", ".join(foreign),
+        )
+        see_our_branch_only(migration, script)
+
+
+def our_heads(heads: Sequence[str], script: ScriptDirectory) -> tuple[str, ...]:
+    """The heads of *heads* that are revisions of our chain (all of them when none is:
+    a newer release's, which newer_release_error reports)."""
+    foreign = set(foreign_revisions(heads, script))
+    return tuple(head for head in heads if head not in foreign) or tuple(heads)
+
+
+def see_our_branch_only(migration: MigrationContext, script: ScriptDirectory) -> None:
+    """Make *migration* read only our chain's rows of a shared version table.
+
+    Alembic's commands (current, check, upgrade, downgrade, stamp) all start
+    from MigrationContext.get_current_heads; with another chain's rows hidden,
+    they judge and move our branch alone. Alembic updates and deletes version
+    rows one by one, by value: the other chain's rows are left as they are.
+    """
+    read_every_head = migration.get_current_heads
+
+    def heads_of_our_branch() -> tuple[str, ...]:
+        return our_heads(read_every_head(), script)
+
+    migration.get_current_heads = heads_of_our_branch  # type: ignore[method-assign]
 
 
 def foreign_revisions(heads: Sequence[str], script: ScriptDirectory) -> list[str]:
@@ -453,8 +478,7 @@ def _migrate(context: EnvironmentContext, connection: Connection, subject: str) 
     _configure(context, connection=connection)
     migration = context.get_context()
     changes = _changes_revision(context)
-    if not require_known_revision(migration, connection, script, changes):
-        return
+    require_known_revision(migration, connection, script, changes)
     if not changes:
         _run_migrations(context)
         return
