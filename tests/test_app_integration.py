@@ -352,7 +352,7 @@ def test_our_tools_judge_our_branch_on_a_shared_database(tmp_path: Path, app_url
     _alembic(deploy, app_url, "downgrade", "-1")
     assert _rows(app_url, versions) == sorted(["0004_adopt_legacy_rows", app_head])
     behind = _relay(app_url, "check")
-    assert behind.returncode == 1
+    assert behind.returncode == 4  # EXIT_NOT_AT_HEAD
     assert "not at head" in behind.stderr
     _alembic(deploy, app_url, "upgrade", "head")
     assert _rows(app_url, versions) == sorted([head_revision(), app_head])
