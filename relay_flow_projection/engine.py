@@ -18,7 +18,7 @@ from sqlalchemy.exc import ArgumentError, DisconnectionError
 from sqlalchemy.pool import AsyncAdaptedQueuePool
 
 from .column_types import MYSQL_DIALECTS
-from .errors import NotAProjectionDatabase, ProjectionError
+from .errors import ExtraNotInstalled, NotAProjectionDatabase, ProjectionError
 
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncEngine
@@ -259,17 +259,40 @@ _DRIVER_EXTRAS = {
 def _missing_driver(exc: ImportError, url: URL) -> ProjectionError:
     module = (exc.name or "").split(".")[0]
     extra = _DRIVER_EXTRAS.get(module) or _DRIVER_EXTRAS.get(url.get_driver_name())
-    advice = (
-        f'; install it with pip install "relay-flow-projection[{extra}]"'
-        if extra
-        else (
-            "; relay-flow-projection supports sqlite, postgresql+psycopg, postgresql+asyncpg, "
+    if extra is None:
+        return ProjectionError(
+            f"the database driver for {url.drivername} is not installed ({_first_line(exc)}); "
+            "relay-flow-projection supports sqlite, postgresql+psycopg, postgresql+asyncpg, "
             "mysql+pymysql, mariadb+pymysql and mysql+aiomysql"
         )
+    return ExtraNotInstalled(
+        f"the database driver for {url.drivername} is not installed ({_first_line(exc)}); "
+        f'install it with pip install "relay-flow-projection[{extra}]"'
     )
-    return ProjectionError(
-        f"the database driver for {url.drivername} is not installed ({exc}){advice}"
-    )
+
+
+def _first_line(exc: BaseException) -> str:
+    """SQLAlchemy's missing-module messages run over several sentences and lines."""
+    text = str(exc).strip()
+    return text.splitlines()[0].split(". ")[0].strip() if text else type(exc).__name__
+
+
+ASYNC_EXTRA_MISSING = (
+    "the asyncio API needs the greenlet library, which is not installed; "
+    'install it with pip install "relay-flow-projection[async]"'
+)
+
+
+def require_asyncio_extension() -> None:
+    """ExtraNotInstalled, in one line, unless SQLAlchemy's asyncio extension can load.
+
+    Without greenlet SQLAlchemy's own ImportError is a paragraph about
+    ``sqlalchemy[asyncio]``; the extra that brings greenlet here is ``[async]``.
+    """
+    try:
+        import greenlet  # noqa: F401
+    except ImportError:
+        raise ExtraNotInstalled(ASYNC_EXTRA_MISSING) from None
 
 
 def _postgresql_connect_args(
@@ -513,6 +536,7 @@ def create_async_engine(
     are the sync engine's: SQLAlchemy runs them inside the greenlet that drives
     the async driver.
     """
+    require_asyncio_extension()
     resolved = resolve_target(target)
     if is_mysql_url(resolved.url) and resolved.url.get_driver_name() == "pymysql":
         async_url = resolved.url.set(drivername=f"{resolved.url.get_backend_name()}+aiomysql")
