@@ -106,7 +106,7 @@ def version_rows(connection: Connection) -> list[str] | None:
     from sqlalchemy import text
     from sqlalchemy.exc import DBAPIError
 
-    query = text(f"SELECT version_num FROM {VERSION_TABLE}")  # noqa: S608 (a constant)
+    query = text("SELECT version_num FROM alembic_version")  # VERSION_TABLE
     try:
         return [str(value) for value in connection.execute(query).scalars()]
     except DBAPIError as exc:
