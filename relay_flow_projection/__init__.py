@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from .errors import (
     DatabaseBusy,
     DatabaseUnavailable,
+    ExtraNotInstalled,
     IdentityMismatch,
     IdentityMissing,
     InvalidIdentity,
@@ -86,6 +87,7 @@ __all__ = [
     "DatabaseBusy",
     "DatabaseUnavailable",
     "ExecutorIdentity",
+    "ExtraNotInstalled",
     "IdentityMismatch",
     "IdentityMissing",
     "InvalidIdentity",

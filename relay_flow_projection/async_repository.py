@@ -13,8 +13,6 @@ from datetime import datetime
 from types import TracebackType
 from typing import TYPE_CHECKING, TypeVar
 
-from sqlalchemy.ext.asyncio import AsyncEngine
-
 from . import operations as op
 from .errors import ProjectionError
 from .execution import AsyncExecutor
@@ -33,6 +31,10 @@ from .repository import Archive, utc_now
 from .timestamps import require_aware
 
 if TYPE_CHECKING:
+    # Only for annotations: importing the asyncio extension needs greenlet (the
+    # [async] extra), and `from relay_flow_projection import *` must work without it.
+    from sqlalchemy.ext.asyncio import AsyncEngine
+
     from .retention import Sweep
 
 Clock = Callable[[], datetime]

@@ -1,5 +1,10 @@
 """The opening helpers of API.md: upgrade, init, read-only inspection, open_projection,
-and their asyncio counterpart open_async_projection."""
+and their asyncio counterpart open_async_projection.
+
+Alembic (``migrate``, ``migration_env``) is imported only when a revision is run or
+a database is not at head: opening one at head checks its version row with one
+query (revisions.at_head), and start-up stays free of Alembic's import time.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +13,6 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy.engine import Connection
 
-from . import migrate
 from .driver_errors import translate_error
 from .engine import (
     ResolvedTarget,
@@ -17,13 +21,14 @@ from .engine import (
     check_sqlite_file,
     create_async_engine,
     is_mysql_url,
+    require_asyncio_extension,
     resolve_target,
 )
 from .errors import ProjectionError, SchemaOutOfDate
 from .identity import validate_identity
-from .migration_env import newer_release_error
 from .models import ExecutorIdentity
 from .repository import RunProjection
+from .revisions import HEAD_REVISION, at_head
 from .statements import HAS_NONTERMINAL_RUNS
 
 if TYPE_CHECKING:
@@ -40,6 +45,8 @@ def upgrade(target: Target, revision: str = "head") -> None:
     resolved = resolve_target(target)
     _check_file(resolved)
     subject = f"cannot upgrade {resolved.describe()} to {revision}"
+    from . import migrate
+
     try:
         migrate.run_upgrade(target, revision)
     except ProjectionError:
@@ -126,6 +133,7 @@ async def open_async_projection(
     sync driver), so the event loop keeps running while a database is upgraded."""
     from .async_repository import AsyncRunProjection
 
+    require_asyncio_extension()  # before any upgrade: one line naming the [async] extra
     resolved = resolve_target(target)
     _refuse_missing_file(resolved, upgrade)
     if upgrade:
@@ -158,7 +166,12 @@ def _sync_driver_target(resolved: ResolvedTarget) -> Target:
 
 
 def require_head(connection: Connection, resolved: ResolvedTarget) -> None:
-    head = migrate.head_revision()
+    if at_head(connection):
+        return  # one query, no Alembic: the everyday case
+    from . import migrate
+    from .migration_env import newer_release_error
+
+    head = HEAD_REVISION
     current = migrate.current_revision(connection)
     if current != head:
         # A newer release's revision: upgrading cannot help, the advice below would be wrong.

@@ -14,6 +14,7 @@ connection was lost while a write's COMMIT was on its way (API.md,
 
 from __future__ import annotations
 
+import re
 import sqlite3
 import sys
 from typing import Any
@@ -29,6 +30,7 @@ from .errors import (
     RunNotFound,
     SchemaOutOfDate,
 )
+from .url_secrets import scrub
 
 
 class CommitOutcomeUnknown(Exception):
@@ -102,8 +104,23 @@ def translate_error(
     SQLSTATE and MySQL error number wherever the driver gives one; a value the
     database refuses (MySQL's strict mode) is a ``ValueError``. Errors of this package
     pass through unchanged; anything unrecognised becomes a ``ProjectionError``
-    naming *subject*.
+    naming *subject*. No message carries a password (url_secrets.scrub).
     """
+    error = _translate(exc, subject, missing_run, lock_timeout)
+    return error if error is exc else _without_secrets(error)
+
+
+def _without_secrets(error: BaseException) -> BaseException:
+    """*error* (made here) with every password this process was given masked: a
+    driver's text may echo a connection string."""
+    message = str(error)
+    clean = scrub(message)
+    return error if clean == message else type(error)(clean)
+
+
+def _translate(
+    exc: BaseException, subject: str, missing_run: str | None, lock_timeout: float | None
+) -> BaseException:
     if isinstance(exc, ProjectionError):
         return exc
     if isinstance(exc, CommitOutcomeUnknown):
@@ -196,6 +213,9 @@ def _translate_driver_error(
     if mysql_code is not None:
         return _translate_mysql_error(exc, mysql_code, orig, subject, missing_run, waited)
     sqlstate = getattr(orig, "sqlstate", None)
+    refused = refused_login(orig, sqlstate, text)
+    if refused is not None:
+        return ProjectionError(f"{subject}: {refused}")
     if sqlstate == _SQLSTATE_FOREIGN_KEY and missing_run is not None:
         return RunNotFound(f"run {missing_run!r} not found")
     if sqlstate in _SQLSTATES_MISSING_SCHEMA:
@@ -211,6 +231,44 @@ def _translate_driver_error(
     ):
         return DatabaseUnavailable(f"{subject}: the database is unavailable: {text}")
     return ProjectionError(f"{subject}: {text}")
+
+
+# PostgreSQL's answers to a login that can never succeed: calling again cannot help.
+_SQLSTATE_LOGIN_REFUSED = {
+    "3D000": "the database does not exist",  # invalid_catalog_name
+    "28000": "the server refused the login",  # invalid_authorization_specification
+    "28P01": "the server refused the password",  # invalid_password
+}
+# psycopg reports failures while connecting with libpq's text alone (no SQLSTATE):
+# the server's FATAL line, in English unless the server's lc_messages says otherwise.
+_LIBPQ_LOGIN_REFUSED = (
+    (re.compile(r'FATAL:\s+database "[^"]*" does not exist'), "3D000"),
+    (re.compile(r'FATAL:\s+role "[^"]*" does not exist'), "28000"),
+    (re.compile(r'FATAL:\s+password authentication failed for user "[^"]*"'), "28P01"),
+    (re.compile(r"FATAL:\s+no pg_hba\.conf entry for "), "28000"),
+)
+
+
+def refused_login(orig: object, sqlstate: object, text: str) -> str | None:
+    """What does not exist, or refused, when a PostgreSQL login cannot succeed (None
+    otherwise): the same answer on psycopg (sync and asyncio) and asyncpg.
+
+    By SQLSTATE where the driver gives one (asyncpg, psycopg after connecting); for
+    psycopg's connection-time failures, which carry no SQLSTATE, by the server's
+    FATAL line in libpq's message. The message names the database or role the
+    server named, never a password (the caller's subject shows the URL masked).
+    """
+    if sqlstate is None and _psycopg_error(orig, "OperationalError"):
+        for pattern, code in _LIBPQ_LOGIN_REFUSED:
+            found = pattern.search(str(orig))
+            if found is not None:
+                return (
+                    f"{_SQLSTATE_LOGIN_REFUSED[code]} ({found[0].removeprefix('FATAL:').strip()})"
+                )
+        return None
+    if not isinstance(sqlstate, str) or sqlstate not in _SQLSTATE_LOGIN_REFUSED:
+        return None
+    return f"{_SQLSTATE_LOGIN_REFUSED[sqlstate]} ({text})"
 
 
 def _translate_mysql_error(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import importlib
 import math
 import os
 import sqlite3
@@ -14,11 +15,12 @@ from typing import TYPE_CHECKING, Any
 import sqlalchemy
 from sqlalchemy import event
 from sqlalchemy.engine import URL, Connection, Engine, make_url
-from sqlalchemy.exc import ArgumentError, DisconnectionError
+from sqlalchemy.exc import ArgumentError, DisconnectionError, NoSuchModuleError
 from sqlalchemy.pool import AsyncAdaptedQueuePool
 
 from .column_types import MYSQL_DIALECTS
-from .errors import NotAProjectionDatabase, ProjectionError
+from .errors import ExtraNotInstalled, NotAProjectionDatabase, ProjectionError
+from .url_secrets import remember_secrets, shown_url
 
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncEngine
@@ -61,12 +63,14 @@ class ResolvedTarget:
         return self.url.get_backend_name() == "sqlite"
 
     def describe(self) -> str:
-        return str(self.path) if self.path is not None else self.url.render_as_string()
+        """The target as messages show it: never a password (url_secrets.shown_url)."""
+        return str(self.path) if self.path is not None else shown_url(self.url)
 
 
 def resolve_target(target: Target) -> ResolvedTarget:
     """A path (str or PathLike) means a SQLite file; a string containing ``://`` is a URL."""
     if isinstance(target, str) and "://" in target:
+        remember_secrets(target)  # for url_secrets.scrub, even if the URL is malformed
         url = _parse_url(target)
         path = None
         if url.get_backend_name() == "sqlite":
@@ -164,6 +168,69 @@ def _sqlite_file_problem(path: Path) -> str | None:
             f"({size} bytes, header says {page_count} pages of {page_size})"
         )
     return None
+
+
+# readable_target, check_url and url_error are used by the migration environment and
+# the command line alike; they live here so that neither needs Alembic to use them.
+
+
+def readable_target(resolved: ResolvedTarget) -> ResolvedTarget:
+    """How a reading command opens *resolved*: as given, or, for a SQLite file in a
+    directory this process cannot write, as an immutable read-only URI.
+
+    SQLite in WAL mode must create ``<db>-shm`` even to read (``mode=ro`` alone
+    fails with "unable to open database file"). Where the directory is not
+    writable, nobody can be writing the database through it, so reading it as
+    ``immutable`` is exact -- unless a ``-wal`` file with changes not yet
+    checkpointed is there, which an immutable read would ignore: refused.
+    """
+    path = resolved.path
+    if path is None or not path.exists() or os.access(path.parent, os.W_OK):
+        return resolved
+    check_sqlite_file(path)
+    wal = path.with_name(path.name + "-wal")
+    if wal.exists() and wal.stat().st_size > 0:
+        raise ProjectionError(
+            f"cannot read {path} read-only: its write-ahead log {wal} holds changes not yet "
+            "written to the database and the directory is not writable; open it once "
+            "where it is writable (or copy the three files elsewhere)"
+        )
+    url = URL.create(
+        resolved.url.drivername,
+        database=f"file:{path.resolve()}",
+        query={"mode": "ro", "immutable": "1", "uri": "true"},
+    )
+    return ResolvedTarget(url, None)
+
+
+def check_url(resolved: ResolvedTarget) -> ResolvedTarget:
+    """*resolved*, unless a part of its URL can never work: a ``port`` given in the
+    query string (``?port=...``, also a comma-separated list for several hosts)
+    must be whole numbers, as the port after the host must (engine.resolve_target)."""
+    given = resolved.url.query.get("port")
+    values = (given,) if isinstance(given, str) else (given or ())
+    for value in values:
+        for port in value.split(","):
+            if port and not port.strip().isdigit():
+                raise ProjectionError(
+                    f"invalid database URL: the port must be a number, got {port!r} "
+                    "in ?port=; expected for example postgresql+psycopg://user@host:5432/dbname"
+                )
+    return resolved
+
+
+def url_error(exc: ArgumentError) -> ProjectionError:
+    """SQLAlchemy's refusal of a URL (at create_engine), as a ProjectionError.
+
+    SQLAlchemy's own message names the part it refused; the parts that can be
+    judged before it sees the URL are judged by check_url and resolve_target.
+    """
+    if isinstance(exc, NoSuchModuleError):  # a dialect or driver SQLAlchemy does not know
+        return ProjectionError(
+            f"invalid database URL: {exc}; relay-flow-projection supports sqlite://, "
+            "postgresql+psycopg:// and mysql+pymysql:// (or mariadb+pymysql://)"
+        )
+    return ProjectionError(f"invalid database URL: {exc}")
 
 
 def create_private_file(path: Path) -> None:
@@ -280,17 +347,40 @@ _DRIVER_EXTRAS = {
 def _missing_driver(exc: ImportError, url: URL) -> ProjectionError:
     module = (exc.name or "").split(".")[0]
     extra = _DRIVER_EXTRAS.get(module) or _DRIVER_EXTRAS.get(url.get_driver_name())
-    advice = (
-        f'; install it with pip install "relay-flow-projection[{extra}]"'
-        if extra
-        else (
-            "; relay-flow-projection supports sqlite, postgresql+psycopg, postgresql+asyncpg, "
+    if extra is None:
+        return ProjectionError(
+            f"the database driver for {url.drivername} is not installed ({_first_line(exc)}); "
+            "relay-flow-projection supports sqlite, postgresql+psycopg, postgresql+asyncpg, "
             "mysql+pymysql, mariadb+pymysql and mysql+aiomysql"
         )
+    return ExtraNotInstalled(
+        f"the database driver for {url.drivername} is not installed ({_first_line(exc)}); "
+        f'install it with pip install "relay-flow-projection[{extra}]"'
     )
-    return ProjectionError(
-        f"the database driver for {url.drivername} is not installed ({exc}){advice}"
-    )
+
+
+def _first_line(exc: BaseException) -> str:
+    """SQLAlchemy's missing-module messages run over several sentences and lines."""
+    text = str(exc).strip()
+    return text.splitlines()[0].split(". ")[0].strip() if text else type(exc).__name__
+
+
+ASYNC_EXTRA_MISSING = (
+    "the asyncio API needs the greenlet library, which is not installed; "
+    'install it with pip install "relay-flow-projection[async]"'
+)
+
+
+def require_asyncio_extension() -> None:
+    """ExtraNotInstalled, in one line, unless SQLAlchemy's asyncio extension can load.
+
+    Without greenlet SQLAlchemy's own ImportError is a paragraph about
+    ``sqlalchemy[asyncio]``; the extra that brings greenlet here is ``[async]``.
+    """
+    try:
+        importlib.import_module("greenlet")
+    except ImportError:
+        raise ExtraNotInstalled(ASYNC_EXTRA_MISSING) from None
 
 
 def _postgresql_connect_args(
@@ -534,6 +624,7 @@ def create_async_engine(
     are the sync engine's: SQLAlchemy runs them inside the greenlet that drives
     the async driver.
     """
+    require_asyncio_extension()
     resolved = resolve_target(target)
     if is_mysql_url(resolved.url) and resolved.url.get_driver_name() == "pymysql":
         async_url = resolved.url.set(drivername=f"{resolved.url.get_backend_name()}+aiomysql")

@@ -39,6 +39,14 @@ class NotAProjectionDatabase(ProjectionError):
     """The target exists but is not a SQLite database / not a relay projection."""
 
 
+class ExtraNotInstalled(ProjectionError, ImportError):
+    """What a call needs comes with an optional extra that is not installed.
+
+    The message is one line naming the ``pip install "relay-flow-projection[...]"``
+    that provides it (the asyncio facade's greenlet and aiosqlite, a database driver).
+    """
+
+
 class SchemaOutOfDate(ProjectionError):
     """The schema is not at the head revision this code knows."""
 

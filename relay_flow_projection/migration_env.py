@@ -19,8 +19,8 @@ from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from alembic.util import CommandError
 from sqlalchemy import bindparam, func, literal, select, text
-from sqlalchemy.engine import URL, Connection, Engine
-from sqlalchemy.exc import ArgumentError, DBAPIError, NoSuchModuleError
+from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.exc import ArgumentError, DBAPIError
 from sqlalchemy.pool import NullPool
 
 from .dialect import dialect_name
@@ -29,10 +29,12 @@ from .engine import (
     DEFAULT_URL,
     ResolvedTarget,
     build_engine,
-    check_sqlite_file,
+    check_url,
     is_mysql_url,
+    readable_target,
     resolve_target,
 )
+from .engine import url_error as url_error  # re-exported: cli/errors.py imports it from here
 from .errors import DatabaseBusy, ProjectionError, SchemaOutOfDate
 from .legacy import detect_legacy_generation
 from .live_upgrade import (
@@ -579,65 +581,6 @@ def _require_writable(resolved: ResolvedTarget, subject: str) -> None:
             f"{subject}: the database is read-only ({path} or its directory cannot be "
             "written, and SQLite writes its -wal and -shm files beside it)"
         )
-
-
-def readable_target(resolved: ResolvedTarget) -> ResolvedTarget:
-    """How a reading command opens *resolved*: as given, or, for a SQLite file in a
-    directory this process cannot write, as an immutable read-only URI.
-
-    SQLite in WAL mode must create ``<db>-shm`` even to read (``mode=ro`` alone
-    fails with "unable to open database file"). Where the directory is not
-    writable, nobody can be writing the database through it, so reading it as
-    ``immutable`` is exact -- unless a ``-wal`` file with changes not yet
-    checkpointed is there, which an immutable read would ignore: refused.
-    """
-    path = resolved.path
-    if path is None or not path.exists() or os.access(path.parent, os.W_OK):
-        return resolved
-    check_sqlite_file(path)
-    wal = path.with_name(path.name + "-wal")
-    if wal.exists() and wal.stat().st_size > 0:
-        raise ProjectionError(
-            f"cannot read {path} read-only: its write-ahead log {wal} holds changes not yet "
-            "written to the database and the directory is not writable; open it once "
-            "where it is writable (or copy the three files elsewhere)"
-        )
-    url = URL.create(
-        resolved.url.drivername,
-        database=f"file:{path.resolve()}",
-        query={"mode": "ro", "immutable": "1", "uri": "true"},
-    )
-    return ResolvedTarget(url, None)
-
-
-def check_url(resolved: ResolvedTarget) -> ResolvedTarget:
-    """*resolved*, unless a part of its URL can never work: a ``port`` given in the
-    query string (``?port=...``, also a comma-separated list for several hosts)
-    must be whole numbers, as the port after the host must (engine.resolve_target)."""
-    given = resolved.url.query.get("port")
-    values = (given,) if isinstance(given, str) else (given or ())
-    for value in values:
-        for port in value.split(","):
-            if port and not port.strip().isdigit():
-                raise ProjectionError(
-                    f"invalid database URL: the port must be a number, got {port!r} "
-                    "in ?port=; expected for example postgresql+psycopg://user@host:5432/dbname"
-                )
-    return resolved
-
-
-def url_error(exc: ArgumentError) -> ProjectionError:
-    """SQLAlchemy's refusal of a URL (at create_engine), as a ProjectionError.
-
-    SQLAlchemy's own message names the part it refused; the parts that can be
-    judged before it sees the URL are judged by check_url and resolve_target.
-    """
-    if isinstance(exc, NoSuchModuleError):  # a dialect or driver SQLAlchemy does not know
-        return ProjectionError(
-            f"invalid database URL: {exc}; relay-flow-projection supports sqlite://, "
-            "postgresql+psycopg:// and mysql+pymysql:// (or mariadb+pymysql://)"
-        )
-    return ProjectionError(f"invalid database URL: {exc}")
 
 
 def _report_foreign_key_problems(connection: Connection) -> None:

@@ -266,6 +266,21 @@ def _drop_torn_batch(descriptor: int, path: str, compressed: bool) -> None:
     os.ftruncate(descriptor, end)
 
 
+def _make_private(descriptor: int, path: str) -> None:
+    """Tighten an existing archive to 0600 before appending run data to it: an
+    archive made 0644 (by hand, or by a release that left the mode alone) would
+    otherwise keep the swept rows readable by everyone."""
+    if os.fstat(descriptor).st_mode & 0o777 == FILE_MODE:
+        return
+    try:
+        os.fchmod(descriptor, FILE_MODE)
+    except PermissionError as exc:
+        raise ProjectionError(
+            f"the sweep archive {path} is readable by others and cannot be made private "
+            f"(0600: {exc.strerror}); chmod 600 it, or archive to a new file"
+        ) from None
+
+
 class _Archive:
     """Where archived lines go: a path this sweep opened, or the caller's binary file."""
 
@@ -287,8 +302,7 @@ class _Archive:
     def _open(self, path: str) -> Any:
         """The archive file, opened for appending by this sweep alone, its tail whole."""
         try:
-            # Created 0600 like the database file (it holds the same rows); an
-            # existing file keeps its mode.
+            # Created 0600 like the database file (it holds the same rows).
             descriptor = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, FILE_MODE)
         except UnicodeEncodeError:
             raise ValueError(f"archive path {path!r} cannot be encoded as a file name") from None
@@ -297,6 +311,7 @@ class _Archive:
                 f"cannot open the sweep archive {path}: {exc.strerror or exc}"
             ) from exc
         try:
+            _make_private(descriptor, path)
             if fcntl is not None:  # an advisory lock, gone with the process that held it
                 try:
                     fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)

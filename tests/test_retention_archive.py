@@ -381,3 +381,16 @@ def test_one_sweep_at_a_time_writes_an_archive(
             projection.sweep_retention(clock.now + timedelta(days=1), archive=archive)
     assert len(projection.list_runs()) == 3
     assert len(projection.sweep_retention(clock.now + timedelta(days=1), archive=archive)) == 2
+
+
+def test_an_existing_archive_is_made_private_before_it_is_appended_to(
+    projection: RunProjection, clock: FakeClock, tmp_path: Path
+) -> None:
+    _seed(projection, clock, 3)
+    archive = tmp_path / "swept.jsonl"
+    archive.write_bytes(b"")
+    archive.chmod(0o644)
+    swept = projection.sweep_retention(clock.now + timedelta(days=1), archive=archive)
+    assert sorted(swept) == ["r0", "r2"]
+    assert archive.stat().st_mode & 0o777 == 0o600
+    assert sorted(line["run"]["id"] for line in archived(archive)) == ["r0", "r2"]

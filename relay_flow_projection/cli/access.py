@@ -46,8 +46,7 @@ def _require_file(resolved: ResolvedTarget) -> None:
 
 def resolve(target: str) -> ResolvedTarget:
     """The target, or a usage error (exit code 2) saying which part of the URL is wrong."""
-    from ..engine import resolve_target
-    from ..migration_env import check_url
+    from ..engine import check_url, resolve_target
 
     try:
         return check_url(resolve_target(target))
@@ -64,12 +63,11 @@ def read_revision(target: str, *, missing_ok: bool = False) -> Revision:
     """
     from sqlalchemy.pool import NullPool
 
-    from .. import migrate
-    from ..engine import build_engine
-    from ..migration_env import newer_release_error, readable_target
+    from ..engine import build_engine, readable_target
+    from ..revisions import HEAD_REVISION, at_head
 
     resolved = resolve(target)
-    head = migrate.head_revision()
+    head = HEAD_REVISION
     if missing_ok and resolved.path is not None and not resolved.path.exists():
         return Revision(resolved.describe(), None, head)
     _require_file(resolved)
@@ -77,6 +75,11 @@ def read_revision(target: str, *, missing_ok: bool = False) -> Revision:
         engine = build_engine(readable_target(resolved), read_only=True, poolclass=NullPool)
         try:
             with engine.connect() as connection:
+                # One query, no Alembic, in the everyday case (start-up time).
+                if at_head(connection):
+                    return Revision(resolved.describe(), head, head)
+                from .. import migrate
+
                 current = migrate.current_revision(connection)
         finally:
             engine.dispose()
@@ -86,6 +89,9 @@ def read_revision(target: str, *, missing_ok: bool = False) -> Revision:
             raise
         raise error from exc
     if current is not None and current != head:
+        from .. import migrate
+        from ..migration_env import newer_release_error
+
         newer = newer_release_error([current], migrate.script_directory(), resolved.describe())
         if newer is not None:
             raise newer
@@ -108,10 +114,9 @@ def legacy_shape(target: str) -> str | None:
     no known shape raise NotAProjectionDatabase (bad input), as ``upgrade`` does."""
     from sqlalchemy.pool import NullPool
 
-    from ..engine import build_engine
+    from ..engine import build_engine, readable_target
     from ..errors import NotAProjectionDatabase
     from ..legacy import detect_legacy_generation
-    from ..migration_env import readable_target
 
     resolved = resolve(target)
     try:
@@ -160,7 +165,7 @@ def projection_at_head(
     from sqlalchemy.pool import NullPool
 
     from ..database import open_projection
-    from ..migration_env import readable_target
+    from ..engine import readable_target
 
     if revision is None:
         require_head(target)

@@ -21,18 +21,15 @@ tests/test_cli_operations.py holds the two paths to the same output.
 
 from __future__ import annotations
 
-import ast
 import os
 import re
 import sqlite3
-from functools import cache
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote_plus, unquote
 
 SQLITE_MAGIC = b"SQLite format 3\x00"  # as engine.SQLITE_MAGIC
 CONNECT_TIMEOUT = 10  # as engine.DEFAULT_CONNECT_TIMEOUT, in libpq's whole seconds
-_VERSIONS = Path(__file__).resolve().parent.parent / "migrations" / "versions"
 
 
 def sqlite_path(target: str) -> Path | None:
@@ -49,45 +46,11 @@ def sqlite_path(target: str) -> Path | None:
     return Path(database)
 
 
-def _assigned(tree: ast.Module, name: str) -> object:
-    """The literal assigned to *name* at module level (``x = ...`` or ``x: T = ...``)."""
-    for node in tree.body:
-        if isinstance(node, ast.Assign):
-            targets, value = node.targets, node.value
-        elif isinstance(node, ast.AnnAssign) and node.value is not None:
-            targets, value = [node.target], node.value
-        else:
-            continue
-        if any(isinstance(t, ast.Name) and t.id == name for t in targets):
-            return ast.literal_eval(value)
-    raise LookupError(name)
-
-
-@cache
 def chain() -> tuple[frozenset[str], str] | None:
     """(every revision id of the packaged chain, its single head), or None if unsure."""
-    revisions: set[str] = set()
-    parents: set[str] = set()
-    try:
-        for script in sorted(_VERSIONS.glob("*.py")):
-            tree = ast.parse(script.read_text(encoding="utf-8"), str(script))
-            revision = _assigned(tree, "revision")
-            down = _assigned(tree, "down_revision")
-            if not isinstance(revision, str):
-                return None
-            revisions.add(revision)
-            if isinstance(down, str):
-                parents.add(down)
-            elif isinstance(down, tuple | list):
-                parents.update(str(parent) for parent in down)
-            elif down is not None:
-                return None
-    except (OSError, SyntaxError, ValueError, LookupError, TypeError):
-        return None
-    heads = revisions - parents
-    if len(heads) != 1:
-        return None
-    return frozenset(revisions), heads.pop()
+    from ..revisions import chain as packaged_chain
+
+    return packaged_chain()
 
 
 def _plainly_healthy(path: Path) -> bool:

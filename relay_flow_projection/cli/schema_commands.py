@@ -25,7 +25,11 @@ from .jsonview import echo_json
 from .options import Settings, db_option, json_option, pass_settings
 
 if TYPE_CHECKING:
-    from alembic.script import ScriptDirectory
+    from collections.abc import Sequence
+
+    from alembic.script import Script, ScriptDirectory
+
+    from ..revisions import ChainScript
 
 
 def revision_text(revision: Revision) -> str:
@@ -213,9 +217,15 @@ def downgrade(settings: Settings, revision: str, yes: bool) -> None:
 @json_option
 def history(as_json: bool) -> None:
     """The migration chain of this release, newest first. Reads no database."""
-    script = _script()
-    head = script.get_current_head()
-    revisions = list(script.walk_revisions())
+    from ..revisions import HEAD_REVISION, chain_scripts
+
+    # Read from the revision files without Alembic (start-up time); Alembic if unsure.
+    head: str | None = HEAD_REVISION
+    revisions: Sequence[ChainScript | Script] | None = chain_scripts()
+    if revisions is None:
+        script = _script()
+        head = script.get_current_head()
+        revisions = list(script.walk_revisions())
     if as_json:
         echo_json(
             [
