@@ -122,7 +122,7 @@ COMMANDS = [
     ["check"],
     ["upgrade"],
     ["init"],
-    ["downgrade", "base"],
+    ["downgrade", "base", "--yes"],
     ["runs", "list"],
     ["sweep", "--older-than", "1d"],
     ["identity", "show"],
@@ -139,7 +139,7 @@ def test_no_cli_command_prints_a_query_password(tmp_path: Path, given: str) -> N
         result = subprocess.run(
             [CLI, *arguments], capture_output=True, text=True, env=env, cwd=tmp_path, check=False
         )
-        assert result.returncode == 1, (command, result.stderr)
+        assert result.returncode == 75, (command, result.stderr)  # unreachable: retryable
         assert SECRET not in result.stdout + result.stderr, command
         assert "password=***" in result.stderr, command
 
