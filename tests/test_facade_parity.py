@@ -40,7 +40,9 @@ def _public(cls: type) -> dict[str, Any]:
 
 
 def _function(member: Any) -> Callable[..., Any]:
-    return member.fget if isinstance(member, property) else member
+    function = member.fget if isinstance(member, property) else member
+    assert callable(function), member
+    return function
 
 
 def _asyncio_spelling(annotation: str) -> str:
