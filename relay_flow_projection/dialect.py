@@ -172,6 +172,29 @@ def child_insert_locks_parent(dialect: Dialect | str) -> bool:
     return dialect_name(dialect) == "mysql"
 
 
+def folds_begin(dialect: Dialect) -> bool:
+    """True where a write sends ``BEGIN`` and its lock budget as one round trip (psycopg).
+
+    psycopg, sync and asyncio, sends ``BEGIN`` on its own before a transaction's
+    first statement, and ``SET LOCAL lock_timeout`` would take one more round
+    trip. On an autocommit connection (write_view) the executor sends
+    ``BEGIN; SET LOCAL lock_timeout = N`` as one simple query and ``COMMIT``
+    itself (execution.run_in_transaction): a write costs its statements plus
+    BEGIN and COMMIT. psycopg's ``rollback()``, which SQLAlchemy calls when a
+    body fails, acts on the server's transaction status, so it still ends a
+    transaction opened this way. asyncpg prepares every statement, and a text of
+    two statements cannot be prepared: it keeps the driver's own BEGIN.
+    """
+    return dialect_name(dialect) == "postgresql" and dialect.driver in {"psycopg", "psycopg_async"}
+
+
+def write_view(engine: Engine) -> Engine:
+    """An engine view for write transactions: autocommit where folds_begin, else *engine*."""
+    if folds_begin(engine.dialect):
+        return engine.execution_options(isolation_level="AUTOCOMMIT")
+    return engine
+
+
 def read_only_view(engine: Engine) -> Engine:
     """An engine view for single-statement reads.
 

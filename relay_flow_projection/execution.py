@@ -27,7 +27,8 @@ Transactions
   pool: a fair queue instead of threads spinning inside ``busy_timeout``. On
   PostgreSQL the transaction starts with ``SET LOCAL lock_timeout``: a
   transaction-scoped setting is the only kind a transaction-pooling
-  PgBouncer carries to the server connection that runs the statements. On
+  PgBouncer carries to the server connection that runs the statements
+  (psycopg sends it in the BEGIN's round trip: dialect.folds_begin). On
   MySQL/MariaDB the session's ``innodb_lock_wait_timeout`` (set on connect,
   whole seconds) bounds lock waits; READ COMMITTED keeps gap locks out.
 * ``lock_timeout`` is one budget per call: on SQLite, what the in-process queue
@@ -78,7 +79,7 @@ from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 from sqlalchemy.pool import Pool
 
-from .dialect import dialect_name, read_only_view
+from .dialect import dialect_name, folds_begin, read_only_view, write_view
 from .driver_errors import CommitOutcomeUnknown, is_deadlock, translate_error
 from .errors import DatabaseBusy
 from .operations import Operation
@@ -145,24 +146,31 @@ def run_in_transaction(conn: Connection, operation: Operation[T], budget: float)
     if conn.dialect.name == "postgresql":
         # An integer of milliseconds: nothing user-supplied reaches the text.
         lock_timeout = f"SET LOCAL lock_timeout = {int(max(1, round(budget * 1000)))}"
+        # psycopg: conn comes from write_view(), autocommit; BEGIN travels with
+        # the setting and COMMIT is ours to send (dialect.folds_begin).
+        folded = folds_begin(conn.dialect)
+        opening = f"BEGIN; {lock_timeout}" if folded else lock_timeout
 
         def body(conn: Connection) -> T:
-            conn.exec_driver_sql(lock_timeout)
+            conn.exec_driver_sql(opening)
             return operation.body(conn)
 
-        return _committed(conn, body)
+        return _committed(conn, body, send_commit=folded)
     # MySQL/MariaDB: innodb_lock_wait_timeout is the session's, set when it
     # connected (engine.py); with no writer queue the budget is all of it.
     return _committed(conn, operation.body)
 
 
-def _committed(conn: Connection, body: Callable[[Connection], T]) -> T:
+def _committed(conn: Connection, body: Callable[[Connection], T], send_commit: bool = False) -> T:
     """Run *body* in one transaction and commit it, telling a lost COMMIT apart.
 
     A connection that dies while the body runs leaves nothing committed (the
     server rolls an unfinished transaction back), so the executor may run the
     call again. One that dies once COMMIT is sent leaves the outcome unknown:
     that is ``CommitOutcomeUnknown``, which is never retried blindly.
+    *send_commit*: the transaction was begun by the body's own ``BEGIN`` on an
+    autocommit connection, so ``COMMIT`` is sent here (the context manager's
+    commit then finds nothing to do).
     """
     # The commit stays with the transaction's context manager, which rolls a
     # failed commit back; the flag tells a failure of COMMIT from one of the body.
@@ -171,6 +179,8 @@ def _committed(conn: Connection, body: Callable[[Connection], T]) -> T:
         with conn.begin():
             result = body(conn)
             body_done = True
+            if send_commit:
+                conn.exec_driver_sql("COMMIT")
     except DBAPIError as exc:
         if body_done and exc.connection_invalidated:
             raise CommitOutcomeUnknown(exc) from exc
@@ -354,11 +364,11 @@ def _busy_message(subject: str, lock_timeout: float) -> DatabaseBusy:
 class SyncExecutor:
     """Runs operations for ``RunProjection`` on one engine."""
 
-    __slots__ = ("_engine", "_lock_timeout", "_pool", "_reader", "_sqlite")
+    __slots__ = ("_lock_timeout", "_pool", "_reader", "_sqlite", "_writer")
 
     def __init__(self, engine: Engine) -> None:
         dialect_name(engine.dialect)  # refuse unsupported databases up front
-        self._engine = engine
+        self._writer = write_view(engine)
         self._reader = read_only_view(engine)
         self._lock_timeout = lock_timeout_of(engine)
         self._sqlite = engine.dialect.name == "sqlite"
@@ -368,7 +378,7 @@ class SyncExecutor:
     def run(self, operation: Operation[T]) -> T:
         try:
             with self._queue(operation) as budget:
-                engine = self._engine if operation.writes else self._reader
+                engine = self._writer if operation.writes else self._reader
                 for attempt in itertools.count(1):
                     connected = False
                     try:
@@ -430,14 +440,14 @@ class AsyncExecutor:
     every database call awaits the async driver on this event loop.
     """
 
-    __slots__ = ("_engine", "_lock_timeout", "_pool", "_reader", "_sqlite")
+    __slots__ = ("_lock_timeout", "_pool", "_reader", "_sqlite", "_writer")
 
     def __init__(self, engine: AsyncEngine) -> None:
         from sqlalchemy.ext.asyncio import AsyncEngine
 
         sync_engine = engine.sync_engine
         dialect_name(sync_engine.dialect)
-        self._engine = engine
+        self._writer = AsyncEngine(write_view(sync_engine))
         self._reader = AsyncEngine(read_only_view(sync_engine))
         self._lock_timeout = lock_timeout_of(sync_engine)
         self._sqlite = sync_engine.dialect.name == "sqlite"
@@ -507,7 +517,7 @@ class AsyncExecutor:
         from cancellation, and this whole call already is such a task (see
         ``run``); a second task per call cost two more trips through the event loop.
         """
-        engine = self._engine if operation.writes else self._reader
+        engine = self._writer if operation.writes else self._reader
         for attempt in itertools.count(1):
             connected = False
             try:

@@ -23,6 +23,7 @@ those cases skip, and fail under ``CI=true``.
 from __future__ import annotations
 
 import gzip
+import importlib.util
 import io
 import json
 import os
@@ -36,6 +37,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
+from types import ModuleType
 from typing import Any, cast
 
 import pytest
@@ -611,3 +613,14 @@ def alembic_engine(
 def alembic_config() -> AlembicConfig:
     """pytest-alembic runs the packaged chain, as upgrade() does."""
     return migration_config()
+
+
+def load_benchmark_module(name: str) -> ModuleType:
+    """benchmarks/<name>.py loaded by path (the benchmarks are not an installed package)."""
+    path = Path(__file__).resolve().parent.parent / "benchmarks" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"relay_bench_{name}", path)
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

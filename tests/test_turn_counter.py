@@ -3,28 +3,16 @@ round trips per call on PostgreSQL rest on it)."""
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-from types import ModuleType
-
 import psycopg
-from conftest import postgres_database_url, require_postgres
-
-
-def _turn_counter() -> ModuleType:
-    path = Path(__file__).resolve().parent.parent / "benchmarks" / "turn_counter.py"
-    spec = importlib.util.spec_from_file_location("relay_bench_turn_counter", path)
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from conftest import load_benchmark_module, postgres_database_url, require_postgres
 
 
 def test_one_turn_per_statement_begin_and_commit_included() -> None:
     require_postgres()
     url = postgres_database_url()
-    with _turn_counter().TurnCounter(url.host or "127.0.0.1", url.port or 5432) as proxy:
+    with load_benchmark_module("turn_counter").TurnCounter(
+        url.host or "127.0.0.1", url.port or 5432
+    ) as proxy:
         conninfo = proxy.url(url.set(drivername="postgresql").render_as_string(False))
         with psycopg.connect(conninfo, autocommit=True, prepare_threshold=None) as connection:
             before = proxy.count()
