@@ -10,7 +10,9 @@ whole measurement (no pool checkout, no reset on return), and per call:
 
 - a write: one transaction, ``with conn.begin():`` the layer's statements,
   started as the layer starts it (``BEGIN IMMEDIATE`` on SQLite, ``SET LOCAL
-  lock_timeout`` first on PostgreSQL, nothing on MySQL);
+  lock_timeout`` first on PostgreSQL -- on psycopg in one query with ``BEGIN``
+  on an ``AUTOCOMMIT`` writer, ended by a ``COMMIT`` statement --, nothing on
+  MySQL);
 - a read: one ``conn.execute`` on an ``AUTOCOMMIT`` connection: no ``BEGIN``,
   no ``ROLLBACK``, no transaction bookkeeping.
 
@@ -35,7 +37,8 @@ sync execution (one greenlet switch per call; see ``operations.py``).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime
 from typing import Any
 
@@ -45,7 +48,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from sqlalchemy.ext.asyncio import create_async_engine as sqlalchemy_async_engine
 
 from relay_flow_projection import statements as sql
-from relay_flow_projection.dialect import child_insert_locks_parent, dialect_name
+from relay_flow_projection.dialect import child_insert_locks_parent, dialect_name, folds_begin
 from relay_flow_projection.engine import (
     BUSY_TIMEOUT_MS,
     JOURNAL_SIZE_LIMIT,
@@ -95,7 +98,7 @@ def prepare(conn: Connection, *, reader: bool) -> None:
         # What engine.py's connect listener does: SQLAlchemy's pysqlite then
         # sends no BEGIN of its own, and writes send BEGIN IMMEDIATE.
         conn.connection.dbapi_connection.isolation_level = None  # type: ignore[union-attr]
-    if reader:
+    if reader or folds_begin(conn.dialect):
         conn.execution_options(isolation_level="AUTOCOMMIT")
     elif family == "mysql":
         conn.execution_options(isolation_level="READ COMMITTED")  # engine.py's choice
@@ -106,12 +109,19 @@ def prepare(conn: Connection, *, reader: bool) -> None:
         conn.commit()
 
 
-def _begin_write(conn: Connection, family: str) -> None:
-    """The first statement of the layer's write transactions (execution.run_in_transaction)."""
-    if family == "sqlite":
-        conn.exec_driver_sql("BEGIN IMMEDIATE")  # engine.py's begin listener
-    elif family == "postgresql":
-        conn.exec_driver_sql(SET_LOCK_TIMEOUT)
+@contextmanager
+def _write(conn: Connection) -> Iterator[None]:
+    """One write transaction, begun and ended as the layer's (execution.run_in_transaction)."""
+    family = dialect_name(conn.dialect)
+    folded = folds_begin(conn.dialect)  # psycopg: the writer is in AUTOCOMMIT (prepare)
+    with conn.begin():
+        if family == "sqlite":
+            conn.exec_driver_sql("BEGIN IMMEDIATE")  # engine.py's begin listener
+        elif family == "postgresql":
+            conn.exec_driver_sql(f"BEGIN; {SET_LOCK_TIMEOUT}" if folded else SET_LOCK_TIMEOUT)
+        yield
+        if folded:
+            conn.exec_driver_sql("COMMIT")
 
 
 # --- the operations, on a held Connection (statements and parameters as operations.py) ---
@@ -129,8 +139,7 @@ def insert_start(conn: Connection, start: RunStart, now: datetime) -> None:
         "state": RunState.STARTING.value,
         "now": now,
     }
-    with conn.begin():
-        _begin_write(conn, dialect_name(conn.dialect))
+    with _write(conn):
         conn.execute(sql.insert_start(conn.dialect.name), params)
 
 
@@ -138,8 +147,7 @@ def update_node(
     conn: Connection, run_id: str, state: RunState, node: str, visit_id: str, now: datetime
 ) -> None:
     params = {"run": run_id, "state": state.value, "node_name": node, "visit": visit_id, "now": now}
-    with conn.begin():
-        _begin_write(conn, dialect_name(conn.dialect))
+    with _write(conn):
         if conn.execute(sql.UPDATE_CURRENT_NODE, params).rowcount != 1:
             raise LookupError(run_id)
         conn.execute(sql.upsert_node_visit(conn.dialect.name), params)
@@ -161,8 +169,7 @@ def register_node_session(
         "session": registration.session_id,
         "now": now,
     }
-    with conn.begin():
-        _begin_write(conn, dialect_name(conn.dialect))
+    with _write(conn):
         if child_insert_locks_parent(conn.dialect):
             conn.execute(sql.LOCK_RUN, params)
         current = conn.execute(sql.LOCK_CURRENT_VISIT, params).scalar_one_or_none()

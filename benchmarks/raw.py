@@ -44,6 +44,8 @@ _TIMESTAMP_POSITIONS = (13, 14, 15, 16)
 # lock budget as a transaction-scoped setting (the only kind a transaction-
 # pooling PgBouncer carries to the server connection that runs the writes).
 SET_LOCK_TIMEOUT = f"SET LOCAL lock_timeout = {round(DEFAULT_LOCK_TIMEOUT * 1000)}"
+# psycopg: how the layer opens a write on its autocommit connection (dialect.folds_begin).
+BEGIN_WITH_LOCK_TIMEOUT = f"BEGIN; {SET_LOCK_TIMEOUT}"
 
 SQLITE = {
     "insert_start": (
@@ -315,7 +317,8 @@ def _postgres_row_to_run(row: Sequence[Any]) -> Run:
 
 
 class RawPostgres:
-    """psycopg: reads on an autocommit connection, writes in implicit-BEGIN transactions.
+    """psycopg on autocommit connections: reads alone, writes as the layer sends them
+    (``BEGIN; SET LOCAL lock_timeout``, the statements, ``COMMIT``).
 
     ``prepare_threshold=None`` (no server-side preparation) is the layer's
     pooler-safe setting (engine.py), so the baseline compares like with like;
@@ -334,7 +337,6 @@ class RawPostgres:
         )
         for connection in (self.reader, self.writer):
             connection.execute("SET TIME ZONE 'UTC'")  # as engine.py's connect listener does
-        self.writer.autocommit = False
 
     def close(self) -> None:
         self.reader.close()
@@ -344,14 +346,14 @@ class RawPostgres:
         return [self.reader, self.writer]
 
     def _write(self, work: Callable[[psycopg.Connection[Any]], Any]) -> Any:
-        connection = self.writer
+        connection = self.writer  # autocommit: the transaction is the statements' own
         try:
-            connection.execute(SET_LOCK_TIMEOUT.encode())
+            connection.execute(BEGIN_WITH_LOCK_TIMEOUT.encode())
             result = work(connection)
+            connection.execute(b"COMMIT")
         except BaseException:
             connection.rollback()
             raise
-        connection.commit()
         return result
 
     def insert_start(self, start: RunStart, now: datetime) -> None:

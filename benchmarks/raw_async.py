@@ -1,14 +1,16 @@
 """The raw async-driver baselines: what ``AsyncRunProjection`` does, written on
 aiosqlite, psycopg's asyncio mode and asyncpg directly.
 
-The counterpart of ``raw.py`` for the asyncio facade. Each baseline sends the
-layer's SQL text (the same dictionaries as ``raw.py``; for asyncpg the same
-text with numbered ``$n`` placeholders, as SQLAlchemy's asyncpg dialect
+The counterpart of ``raw.py`` for the asyncio facade. Each baseline sends
+the layer's SQL text (the same dictionaries as ``raw.py``; for asyncpg the
+same text with numbered ``$n`` placeholders, as SQLAlchemy's asyncpg dialect
 renders it) with the same transactions: ``BEGIN IMMEDIATE`` writes behind an
-asyncio writer lock and no ``BEGIN`` for reads on SQLite; on PostgreSQL reads
-in autocommit and every write transaction starting with ``SET LOCAL
-lock_timeout``. Connection settings are the layer's: the project's pragmas on
-SQLite, ``SET TIME ZONE 'UTC'`` on PostgreSQL, and the pooler-safe defaults
+asyncio writer lock and no ``BEGIN`` for reads on SQLite; on PostgreSQL
+reads in autocommit and every write transaction starting with ``SET LOCAL
+lock_timeout`` (psycopg: ``BEGIN; SET LOCAL lock_timeout`` in one query on
+an autocommit connection, then ``COMMIT``, as the layer sends them).
+Connection settings are the layer's: the project's pragmas on SQLite, ``SET
+TIME ZONE 'UTC'`` on PostgreSQL, and the pooler-safe defaults
 (``prepare_threshold=None`` for psycopg, ``statement_cache_size=0`` for
 asyncpg). Rows are mapped by ``statements.row_to_run`` with the same
 timestamp conversion. ``verify_same_sql_async`` traces both sides at the
@@ -44,6 +46,7 @@ from relay_flow_projection.models import NodeSessionRegistration, Run, RunStart,
 from relay_flow_projection.timestamps import to_storage_text
 
 from .raw import (
+    BEGIN_WITH_LOCK_TIMEOUT,
     POSTGRESQL,
     SET_LOCK_TIMEOUT,
     SQLITE,
@@ -216,8 +219,8 @@ PsycopgConnection = psycopg.AsyncConnection[Any]
 
 
 class RawPsycopgAsync:
-    """psycopg's asyncio mode: reads on an autocommit connection, writes in implicit-BEGIN
-    transactions on another (as ``raw.RawPostgres``)."""
+    """psycopg's asyncio mode: reads on one autocommit connection, writes as the layer
+    sends them on another (as ``raw.RawPostgres``)."""
 
     driver = "psycopg"
 
@@ -230,7 +233,6 @@ class RawPsycopgAsync:
     async def open(cls, conninfo: str, **kwargs: Any) -> RawPsycopgAsync:
         reader = await psycopg_connect(conninfo, **kwargs)
         writer = await psycopg_connect(conninfo, **kwargs)
-        await writer.set_autocommit(False)
         return cls(reader, writer)
 
     async def close(self) -> None:
@@ -238,14 +240,14 @@ class RawPsycopgAsync:
         await self.writer.close()
 
     async def _write(self, work: Callable[[PsycopgConnection], Awaitable[Any]]) -> Any:
-        connection = self.writer
+        connection = self.writer  # autocommit: the transaction is the statements' own
         try:
-            await connection.execute(SET_LOCK_TIMEOUT.encode())
+            await connection.execute(BEGIN_WITH_LOCK_TIMEOUT.encode())
             result = await work(connection)
+            await connection.execute(b"COMMIT")
         except BaseException:
             await connection.rollback()
             raise
-        await connection.commit()
         return result
 
     async def insert_start(self, start: RunStart, now: datetime) -> None:
@@ -423,8 +425,8 @@ class RawPool:
 class RawPoolWork:
     """``get_run`` and ``update_node`` on a :class:`RawPool` of psycopg or asyncpg connections.
 
-    psycopg connections stay in autocommit; a write opens ``conn.transaction()``,
-    which sends the same ``BEGIN`` / ``COMMIT`` as the layer's implicit transaction.
+    psycopg connections stay in autocommit; a write sends what the layer sends
+    (``BEGIN; SET LOCAL lock_timeout``, the statements, ``COMMIT``).
     """
 
     def __init__(self, driver: str, pool: RawPool) -> None:
@@ -449,9 +451,13 @@ class RawPoolWork:
         params = postgres_node_params(run_id, state, node, visit_id, _utc_now())
         async with self.pool.connection() as connection:
             if self.driver == "psycopg":
-                async with connection.transaction():
-                    await connection.execute(SET_LOCK_TIMEOUT.encode())
+                await connection.execute(BEGIN_WITH_LOCK_TIMEOUT.encode())
+                try:
                     await psycopg_update_node(connection, params)
+                    await connection.execute(b"COMMIT")
+                except BaseException:
+                    await connection.rollback()
+                    raise
             else:
                 await asyncpg_update_node(connection, params)
 
