@@ -144,12 +144,14 @@ def run_in_transaction(conn: Connection, operation: Operation[T], budget: float)
         ):
             return _committed(conn, operation.body)
     if conn.dialect.name == "postgresql":
-        # An integer of milliseconds: nothing user-supplied reaches the text.
-        lock_timeout = f"SET LOCAL lock_timeout = {int(max(1, round(budget * 1000)))}"
         # psycopg: conn comes from write_view(), autocommit; BEGIN travels with
-        # the setting and COMMIT is ours to send (dialect.folds_begin).
+        # the setting and COMMIT is ours to send (dialect.folds_begin). An
+        # integer of milliseconds: nothing user-supplied reaches the text.
         folded = folds_begin(conn.dialect)
-        opening = f"BEGIN; {lock_timeout}" if folded else lock_timeout
+        opening = (
+            f"{'BEGIN; ' if folded else ''}"
+            f"SET LOCAL lock_timeout = {int(max(1, round(budget * 1000)))}"
+        )
 
         def body(conn: Connection) -> T:
             conn.exec_driver_sql(opening)

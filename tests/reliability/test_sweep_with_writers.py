@@ -53,14 +53,16 @@ SCHEDULING_SLACK = 0.05
 
 class SweepHolds:
     """How long each write transaction of *thread* held its locks: from ``begin``
-    (the engine's SQLite listener has already run ``BEGIN IMMEDIATE``) to the
-    pool's ``checkin`` of that connection, after ``COMMIT``."""
+    (the engine's SQLite listener has already run ``BEGIN IMMEDIATE``) -- or, on
+    psycopg's autocommit writer, from the layer's own ``BEGIN; SET LOCAL ...``
+    statement -- to the pool's ``checkin`` of that connection, after ``COMMIT``."""
 
     def __init__(self, engine: sa.Engine, thread: int) -> None:
         self.seconds: list[float] = []
         self._thread = thread
         self._began: dict[int, float] = {}
         sa.event.listen(engine, "begin", self._on_begin)
+        sa.event.listen(engine, "before_cursor_execute", self._on_statement)
         sa.event.listen(engine.pool, "checkin", self._on_checkin)
 
     def _on_begin(self, connection: sa.Connection) -> None:
@@ -68,7 +70,15 @@ class SweepHolds:
         if threading.get_ident() != self._thread or options.get("relay_read_only"):
             return
         if options.get("isolation_level") == "AUTOCOMMIT":
-            return
+            return  # a read, or psycopg's writer (its BEGIN is a statement: below)
+        self._start(connection)
+
+    def _on_statement(self, connection: sa.Connection, *args: object) -> None:
+        statement = args[1]
+        if threading.get_ident() == self._thread and str(statement).startswith("BEGIN;"):
+            self._start(connection)
+
+    def _start(self, connection: sa.Connection) -> None:
         self._began[id(connection.connection.dbapi_connection)] = time.perf_counter()
 
     def _on_checkin(self, dbapi_connection: object, _record: object) -> None:
