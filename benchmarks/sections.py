@@ -138,48 +138,34 @@ def operations(
     def registration(k: int) -> NodeSessionRegistration:
         return NodeSessionRegistration(run_id((k * 104_729) % runs), "build", f"s-{k}")
 
-    # The layer must send exactly what the raw baseline sends (same inputs, same clock).
+    # The layer must send exactly what the raw baseline and the bare-Core floor
+    # (bare_core.py) send (same inputs, same clock).
     one = registration(-1)
-    verify_same_sql(
-        engine,
-        raw,
-        lambda p: p.insert_start(start(-1), now),
-        lambda r: r.insert_start(start(-1), now),
-    )
-    verify_same_sql(
-        engine,
-        raw,
-        lambda p: p.update_node(active[0], RunState.RUNNING, "build", "v"),
-        lambda r: r.update_node(active[0], RunState.RUNNING, "build", "v"),
-    )
-    verify_same_sql(engine, raw, lambda p: p.get_run(active[0]), lambda r: r.get_run(active[0]))
-    verify_same_sql(
-        engine, raw, lambda p: p.register_node_session(one), lambda r: r.register_node_session(one)
-    )
+    bare = BareCore(target.url)
+    for baseline in (raw, bare):
+        verify_same_sql(
+            engine,
+            baseline,
+            lambda p: p.insert_start(start(-1), now),
+            lambda b: b.insert_start(start(-1), now),
+        )
+        verify_same_sql(
+            engine,
+            baseline,
+            lambda p: p.update_node(active[0], RunState.RUNNING, "build", "v"),
+            lambda b: b.update_node(active[0], RunState.RUNNING, "build", "v"),
+        )
+        verify_same_sql(
+            engine, baseline, lambda p: p.get_run(active[0]), lambda b: b.get_run(active[0])
+        )
+        verify_same_sql(
+            engine,
+            baseline,
+            lambda p: p.register_node_session(one),
+            lambda b: b.register_node_session(one),
+        )
     if raw.get_run(active[0]) != projection.get_run(active[0]):
         raise AssertionError("the raw mapping differs from the layer's")
-
-    # The bare-Core floor sends the same statements too (bare_core.py).
-    bare = BareCore(target.url)
-    verify_same_sql(
-        engine,
-        bare,
-        lambda p: p.insert_start(start(-1), now),
-        lambda b: b.insert_start(start(-1), now),
-    )
-    verify_same_sql(
-        engine,
-        bare,
-        lambda p: p.update_node(active[0], RunState.RUNNING, "build", "v"),
-        lambda b: b.update_node(active[0], RunState.RUNNING, "build", "v"),
-    )
-    verify_same_sql(engine, bare, lambda p: p.get_run(active[0]), lambda b: b.get_run(active[0]))
-    verify_same_sql(
-        engine,
-        bare,
-        lambda p: p.register_node_session(one),
-        lambda b: b.register_node_session(one),
-    )
     # PostgreSQL: psycopg's own default (prepare_threshold=5) beside the raw driver
     # with the layer's setting, for what the pooler-safe default costs by itself.
     sides: dict[str, Any] = {"layer": projection, "bare": bare, "raw": raw}
