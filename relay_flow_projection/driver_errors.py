@@ -148,11 +148,17 @@ def _unwrapped_driver_error(exc: BaseException) -> bool:
 
     Raised by a DBAPI cursor used directly (PRAGMA), or by a driver call in a
     ``before_cursor_execute`` listener: SQLAlchemy 2.0 runs those listeners
-    outside the block that wraps driver errors (2.1 inside).
+    outside the block that wraps driver errors (2.1 inside). SQLAlchemy 2.0's
+    asyncpg dialect also lets the server's refusal of a login escape from
+    ``connect`` as asyncpg's own exception (it carries the SQLSTATE).
     """
     if isinstance(exc, sqlite3.Error):
         return True
-    return _psycopg_error(exc, "Error") or _mysql_code(exc) is not None
+    return (
+        _psycopg_error(exc, "Error")
+        or _mysql_code(exc) is not None
+        or _imported_driver_error("asyncpg", exc, "PostgresError")
+    )
 
 
 def _mysql_code(value: object) -> int | None:
@@ -181,11 +187,16 @@ def is_lock_wait(orig: object) -> bool:
 
 
 def _psycopg_error(value: object, *classes: str) -> bool:
-    """*value* is one of psycopg's exception *classes*. psycopg is an optional
-    extra, so it is looked up only if something already imported it."""
-    psycopg = sys.modules.get("psycopg")
-    return psycopg is not None and isinstance(
-        value, tuple(getattr(psycopg, name) for name in classes)
+    """*value* is one of psycopg's exception *classes*."""
+    return _imported_driver_error("psycopg", value, *classes)
+
+
+def _imported_driver_error(module_name: str, value: object, *classes: str) -> bool:
+    """*value* is one of the exception *classes* of driver *module_name*. Drivers
+    are optional extras, so one is looked up only if something already imported it."""
+    module = sys.modules.get(module_name)
+    return module is not None and isinstance(
+        value, tuple(getattr(module, name) for name in classes)
     )
 
 
