@@ -71,7 +71,7 @@ import threading
 import time
 import weakref
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager, nullcontext
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -79,9 +79,16 @@ from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 from sqlalchemy.pool import Pool
 
-from .dialect import dialect_name, folds_begin, read_only_view, write_view
+from .dialect import (
+    dialect_name,
+    folds_begin,
+    keeps_between_calls,
+    read_options,
+    write_options,
+)
 from .driver_errors import CommitOutcomeUnknown, is_deadlock, translate_error
 from .errors import DatabaseBusy
+from .held_connection import HeldConnection
 from .operations import Operation
 
 if TYPE_CHECKING:  # the asyncio extension loads only for the async facade
@@ -136,7 +143,7 @@ def run_in_transaction(conn: Connection, operation: Operation[T], budget: float)
     *budget* is what is left of lock_timeout for this call, in seconds.
     """
     if not operation.writes:
-        return operation.body(conn)  # conn comes from read_only_view(): no BEGIN
+        return operation.body(conn)  # conn has read_options(): no BEGIN
     if conn.dialect.name == "sqlite":
         with (
             _sqlite_busy_timeout(conn, budget),
@@ -144,7 +151,7 @@ def run_in_transaction(conn: Connection, operation: Operation[T], budget: float)
         ):
             return _committed(conn, operation.body)
     if conn.dialect.name == "postgresql":
-        # psycopg: conn comes from write_view(), autocommit; BEGIN travels with
+        # psycopg: conn has write_options(), autocommit; BEGIN travels with
         # the setting and COMMIT is ours to send (dialect.folds_begin). An
         # integer of milliseconds: nothing user-supplied reaches the text.
         folded = folds_begin(conn.dialect)
@@ -366,27 +373,59 @@ def _busy_message(subject: str, lock_timeout: float) -> DatabaseBusy:
 class SyncExecutor:
     """Runs operations for ``RunProjection`` on one engine."""
 
-    __slots__ = ("_lock_timeout", "_pool", "_reader", "_sqlite", "_writer")
+    __slots__ = (
+        "__weakref__",
+        "_engine",
+        "_held_reader",
+        "_held_writer",
+        "_lock_timeout",
+        "_read_options",
+        "_sqlite",
+        "_write_options",
+    )
 
     def __init__(self, engine: Engine) -> None:
         dialect_name(engine.dialect)  # refuse unsupported databases up front
-        self._writer = write_view(engine)
-        self._reader = read_only_view(engine)
+        self._engine = engine
+        self._write_options = write_options(engine.dialect)
+        self._read_options = read_options(engine.dialect)
+        # The connection each role's last call used, for the next (held_connection.py).
+        self._held_writer = HeldConnection(engine, enabled=keeps_between_calls(engine.dialect))
+        self._held_reader = HeldConnection(engine, enabled=keeps_between_calls(engine.dialect))
         self._lock_timeout = lock_timeout_of(engine)
         self._sqlite = engine.dialect.name == "sqlite"
-        self._pool = engine.pool
         track_for_fork(engine)
+        # An executor dropped without close() still ends what it holds.
+        weakref.finalize(self, _release_for_good, self._held_reader, self._held_writer)
+
+    def close(self) -> None:
+        """Return the held connections; later calls check one out per call."""
+        _release_for_good(self._held_reader, self._held_writer)
 
     def run(self, operation: Operation[T]) -> T:
         try:
             with self._queue(operation) as budget:
-                engine = self._writer if operation.writes else self._reader
+                held, options = (
+                    (self._held_writer, self._write_options)
+                    if operation.writes
+                    else (self._held_reader, self._read_options)
+                )
                 for attempt in itertools.count(1):
                     connected = False
                     try:
-                        with engine.connect() as conn:
-                            connected = True
-                            return run_in_transaction(conn, operation, budget)
+                        # A repeat never reuses: the pool gives it a fresh connection.
+                        conn, since = held.take() if attempt == 1 else (None, time.monotonic())
+                        if conn is None:
+                            conn = _checked_out(self._engine, options)
+                        connected = True
+                        try:
+                            result = run_in_transaction(conn, operation, budget)
+                        except BaseException:
+                            conn.close()
+                            raise
+                        if not held.put(conn, since):
+                            conn.close()
+                        return result
                     except CommitOutcomeUnknown as lost:
                         if operation.settle is None or attempt > 1:
                             raise
@@ -395,6 +434,10 @@ class SyncExecutor:
                             return settled
                         # It did not commit: the next attempt is its one retry.
                     except DBAPIError as exc:
+                        if exc.connection_invalidated:
+                            # What the slots hold may be broken by the same outage.
+                            self._held_reader.release()
+                            self._held_writer.release()
                         delay = _retry_delay(exc, attempt, connected)
                         if delay is None:
                             raise
@@ -413,7 +456,8 @@ class SyncExecutor:
     ) -> T | None:
         """What a write whose COMMIT was lost did, read on a new connection."""
         try:
-            with self._reader.connect() as conn:
+            conn = _checked_out(self._engine, self._read_options)
+            with conn:
                 return settle(conn)
         except DBAPIError:
             raise lost from None  # still unknown
@@ -424,7 +468,7 @@ class SyncExecutor:
         if not (operation.writes and self._sqlite):
             yield self._lock_timeout
             return
-        lock = _thread_lock(self._pool)
+        lock = _thread_lock(self._engine.pool)
         started = time.monotonic()
         if not lock.acquire(timeout=self._lock_timeout):
             raise _busy_message(operation.subject, self._lock_timeout)
@@ -432,6 +476,33 @@ class SyncExecutor:
             yield max(0.001, self._lock_timeout - (time.monotonic() - started))
         finally:
             lock.release()
+
+
+def _on_fresh(
+    conn: Connection, options: Mapping[str, Any], body: Callable[..., T], *args: Any
+) -> T:
+    """*body* on a connection just checked out, with *options* applied first (the
+    async executor's one ``run_sync`` per attempt)."""
+    if options:
+        conn.execution_options(**options)
+    return body(conn, *args)
+
+
+def _checked_out(engine: Engine, options: Mapping[str, Any]) -> Connection:
+    """A connection from *engine*'s pool with *options* (dialect.read_options / write_options)."""
+    conn = engine.connect()
+    if options:
+        try:
+            conn.execution_options(**options)
+        except BaseException:
+            conn.close()
+            raise
+    return conn
+
+
+def _release_for_good(*slots: HeldConnection) -> None:
+    for slot in slots:
+        slot.release(for_good=True)
 
 
 class AsyncExecutor:
@@ -442,18 +513,16 @@ class AsyncExecutor:
     every database call awaits the async driver on this event loop.
     """
 
-    __slots__ = ("_lock_timeout", "_pool", "_reader", "_sqlite", "_writer")
+    __slots__ = ("_engine", "_lock_timeout", "_read_options", "_sqlite", "_write_options")
 
     def __init__(self, engine: AsyncEngine) -> None:
-        from sqlalchemy.ext.asyncio import AsyncEngine
-
         sync_engine = engine.sync_engine
         dialect_name(sync_engine.dialect)
-        self._writer = AsyncEngine(write_view(sync_engine))
-        self._reader = AsyncEngine(read_only_view(sync_engine))
+        self._engine = engine
+        self._write_options = write_options(sync_engine.dialect)
+        self._read_options = read_options(sync_engine.dialect)
         self._lock_timeout = lock_timeout_of(sync_engine)
         self._sqlite = sync_engine.dialect.name == "sqlite"
-        self._pool = sync_engine.pool
         track_for_fork(sync_engine)
 
     async def run(self, operation: Operation[T]) -> T:
@@ -498,7 +567,7 @@ class AsyncExecutor:
 
     async def _run_queued(self, operation: Operation[T]) -> T:
         """A SQLite write: wait for this pool's writer queue, then run with the budget left."""
-        lock = _task_lock(self._pool)
+        lock = _task_lock(self._engine.sync_engine.pool)
         started = time.monotonic()
         try:
             async with asyncio.timeout(self._lock_timeout):
@@ -519,14 +588,16 @@ class AsyncExecutor:
         from cancellation, and this whole call already is such a task (see
         ``run``); a second task per call cost two more trips through the event loop.
         """
-        engine = self._writer if operation.writes else self._reader
+        options = self._write_options if operation.writes else self._read_options
         for attempt in itertools.count(1):
             connected = False
             try:
-                conn = await engine.connect().start()
+                conn = await self._engine.connect().start()
                 connected = True
                 try:
-                    return await conn.run_sync(run_in_transaction, operation, budget)
+                    return await conn.run_sync(
+                        _on_fresh, options, run_in_transaction, operation, budget
+                    )
                 finally:
                     await conn.close()
             except CommitOutcomeUnknown as lost:
@@ -548,9 +619,9 @@ class AsyncExecutor:
     ) -> T | None:
         """What a write whose COMMIT was lost did, read on a new connection."""
         try:
-            conn = await self._reader.connect().start()
+            conn = await self._engine.connect().start()
             try:
-                return await conn.run_sync(settle)
+                return await conn.run_sync(_on_fresh, self._read_options, settle)
             finally:
                 await conn.close()
         except DBAPIError:

@@ -69,6 +69,7 @@ class RunProjection:
         if self._closed:
             return
         self._closed = True
+        self._executor.close()
         if self._owns_engine:
             self._engine.dispose()
 

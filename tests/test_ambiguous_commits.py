@@ -94,6 +94,15 @@ def started(projection: RunProjection, run_id: str) -> None:
     projection.update_node(run_id, RunState.RUNNING, "build", "v1")
 
 
+def warm(projection: RunProjection, run_id: str) -> None:
+    """Connections through the proxy, warm, for reads and for writes (the sync facade
+    keeps one of each between calls: held_connection.py), so that the armed proxy
+    meets the call's own COMMIT, not a new connection's session set-up. The write
+    changes nothing the tests look at (no retry status was set)."""
+    projection.get_run(run_id)
+    projection.update_retry(run_id, None)
+
+
 def assert_unknown(call: Callable[[], object], proxy: CommitDroppingProxy) -> None:
     with pytest.raises(DatabaseUnavailable, match="whether the write committed is unknown"):
         call()
@@ -144,7 +153,7 @@ def test_a_lost_commit_is_reported_as_unknown_not_run_again(
 ) -> None:
     call, committed = WRITES[write]
     started(setup.direct, "w1")
-    setup.proxied.get_run("w1")  # a pooled connection through the proxy, warm
+    warm(setup.proxied, "w1")
     setup.proxy.arm(forward=forward)
     assert_unknown(lambda: call(setup.proxied), setup.proxy)
     # Not run again: a retry would have committed what the lost COMMIT did not.
@@ -156,7 +165,7 @@ def test_a_lost_commit_is_reported_as_unknown_not_run_again(
 
 def test_a_retry_does_not_overwrite_what_another_caller_wrote_meanwhile(setup: Setup) -> None:
     started(setup.direct, "u1")
-    setup.proxied.get_run("u1")
+    warm(setup.proxied, "u1")
 
     def newer_write() -> None:
         setup.direct.update_state("u1", RunState.BLOCKED, "newer")
@@ -169,7 +178,7 @@ def test_a_retry_does_not_overwrite_what_another_caller_wrote_meanwhile(setup: S
 
 def test_a_session_bound_by_the_lost_attempt_is_not_answered_false(setup: Setup) -> None:
     started(setup.direct, "s1")
-    setup.proxied.get_run("s1")
+    warm(setup.proxied, "s1")
 
     def visit_moves_on() -> None:
         setup.direct.update_node("s1", RunState.RUNNING, "build", "v2")
@@ -189,7 +198,7 @@ def test_the_sweep_settles_a_lost_commit_and_returns_every_id_it_deleted(
         setup.direct.insert_start(start(run_id), T0)
         setup.direct.update_state(run_id, RunState.COMPLETED, finished_at=T0)
     setup.direct.insert_start(start("young"), T0)
-    setup.proxied.get_run("young")
+    warm(setup.proxied, "young")
     archive = tmp_path / "archive.jsonl"
     setup.proxy.arm(forward=forward)
     swept = setup.proxied.sweep_retention(T0 + timedelta(days=1), archive=archive)

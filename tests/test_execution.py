@@ -331,7 +331,8 @@ def test_after_every_pooled_connection_is_dropped_the_first_call_succeeds(
         for thread in threads:
             thread.join()
         assert _queue_pool(engine).checkedin() == 5
-        assert _terminate_backends(migrated_url, name) == 5
+        # The pool's five, and the one the projection may still hold (held_connection.py).
+        assert _terminate_backends(migrated_url, name) in (5, 6)
         failures = []
         for method, call in _every_method(projection).items():
             try:

@@ -1,0 +1,182 @@
+"""The connection the sync executor keeps checked out between calls (issue 21).
+
+A call that checks a connection out of SQLAlchemy's pool and returns it pays
+for the checkout, the reset on return (a rollback; on PostgreSQL also the
+switch into and out of autocommit) and, on SQLite, the autobegin and rollback
+around a read: about half of what a read costs. ``SyncExecutor`` therefore
+keeps the connection a call used, one per role (reads, writes), and hands it
+to the next call -- within limits that keep what the pool guarantees:
+
+* Briefly: a connection serves calls for ``HOLD_SECONDS`` after its checkout,
+  then goes back to the pool, and a call finding it older checks one out
+  again. Whatever the pool does on checkout (``pool_pre_ping``,
+  ``pool_recycle``, MySQL's idle limit in engine.py, replacing connections
+  from before an outage it saw) still happens about once a second on a busy
+  projection. A connection nobody asks for is returned by a daemon thread
+  within ``HOLD_SECONDS`` more (``_reap``), so an idle service holds nothing
+  and ``Engine.dispose()`` soon finds every connection back.
+* From a ``QueuePool`` with room to spare only: a connection is kept only
+  while the pool is not in overflow, so another user of the engine (another
+  projection, the application's own queries) always finds one. ``NullPool``
+  (the usual choice behind PgBouncer), ``StaticPool`` and
+  ``SingletonThreadPool`` are used as configured.
+* Only where nothing stays open on it between calls: the dialect says which
+  roles qualify (``dialect.keeps_between_calls``).
+* Never after a failure, after ``Engine.dispose()`` replaced the pool it came
+  from, after ``release(for_good=True)`` (``RunProjection.close()``), nor in a
+  forked child: the parent's connections are the parent's.
+
+A slot holds one connection: under concurrency, other calls use the pool as
+before. The asyncio executor checks out per call (an ``AsyncConnection`` can
+only be closed by awaiting on the loop it belongs to, which neither a
+finalizer nor this module's thread can do).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+import time
+import weakref
+
+from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.pool import Pool, QueuePool
+
+# How long after its checkout a connection may serve further calls.
+HOLD_SECONDS = 1.0
+
+
+class HeldConnection:
+    """At most one connection of *engine*'s pool, kept between calls."""
+
+    __slots__ = ("__weakref__", "_closed", "_engine", "_guard", "_held", "_pool", "_since")
+
+    def __init__(self, engine: Engine, *, enabled: bool) -> None:
+        self._engine = engine
+        self._guard = threading.Lock()
+        self._held: Connection | None = None
+        self._pool: Pool | None = None  # the pool _held came from
+        self._since = 0.0  # when _held was checked out (time.monotonic)
+        # A slot that may never hold anything starts closed: put() refuses.
+        self._closed = not enabled
+        _slots.add(self)
+
+    def take(self) -> tuple[Connection | None, float]:
+        """The held connection if it may serve this call (else None: check one out),
+        and when it was checked out, for put()."""
+        with self._guard:
+            held, self._held = self._held, None
+            pool, since = self._pool, self._since
+        now = time.monotonic()
+        if held is None:
+            return None, now
+        if pool is self._engine.pool and now - since < HOLD_SECONDS:
+            return held, since
+        _retire(held, pool_gone=pool is not self._engine.pool)
+        return None, now
+
+    def put(self, conn: Connection, since: float) -> bool:
+        """Keep *conn* (checked out at *since*) for the next call, or False: close it."""
+        pool = self._engine.pool
+        if (
+            self._closed
+            or conn.invalidated
+            or conn.closed
+            or time.monotonic() - since >= HOLD_SECONDS
+            or not isinstance(pool, QueuePool)
+            or pool.checkedout() >= pool.size()  # in overflow: give it back
+        ):
+            return False
+        with self._guard:
+            if self._held is not None or self._closed:
+                return False
+            self._held, self._pool, self._since = conn, pool, since
+        if _reaper is None:
+            _start_reaper()
+        return True
+
+    def release(self, *, for_good: bool = False, expired_only: bool = False) -> bool:
+        """Return the held connection (after an outage; *for_good*: hold nothing from
+        now on; *expired_only*: only one past HOLD_SECONDS). True if one stays held."""
+        with self._guard:
+            if for_good:
+                self._closed = True
+            held = self._held
+            if held is None:
+                return False
+            if expired_only and time.monotonic() - self._since < HOLD_SECONDS:
+                return True
+            self._held = None
+            pool = self._pool
+        _retire(held, pool_gone=pool is not self._engine.pool)
+        return False
+
+    def abandon_in_child(self) -> None:
+        """In a forked child: forget the parent's connection without touching it."""
+        self._guard = threading.Lock()  # a parent thread may have held it at the fork
+        if self._held is not None:
+            _inherited.append(self._held)
+            self._held = None
+
+
+def _retire(conn: Connection, *, pool_gone: bool) -> None:
+    """End a connection no slot holds any more.
+
+    *pool_gone*: ``Engine.dispose()`` replaced the pool it came from; returned
+    there, it would stay open until that pool is garbage and then be dropped
+    unclosed, so it is closed for good (invalidated) instead.
+    """
+    if pool_gone:
+        conn.invalidate()
+    else:
+        conn.close()
+
+
+# ------------------------------------------------------ the reaper ---
+
+_slots: weakref.WeakSet[HeldConnection] = weakref.WeakSet()
+_reaper: threading.Thread | None = None
+_reaper_guard = threading.Lock()
+
+
+def _start_reaper() -> None:
+    global _reaper
+    with _reaper_guard:
+        if _reaper is None:
+            _reaper = threading.Thread(target=_reap, name="relay-flow-reaper", daemon=True)
+            _reaper.start()
+
+
+def _reap() -> None:
+    """Return held connections past HOLD_SECONDS; end once nothing is held."""
+    global _reaper
+    while True:
+        time.sleep(HOLD_SECONDS)
+        with _reaper_guard:
+            holding = False
+            for slot in list(_slots):
+                # A connection failing to close is the pool's to drop; go on.
+                with contextlib.suppress(Exception):
+                    holding = slot.release(expired_only=True) or holding
+            if not holding:
+                _reaper = None
+                return
+
+
+# Connections a forked child inherited: referenced until the child exits, so
+# that no garbage collection returns them to a pool (its reset would roll
+# back on the parent's socket).
+_inherited: list[Connection] = []
+
+
+def _abandon_all_in_child() -> None:
+    global _reaper, _reaper_guard
+    _reaper = None  # threads do not survive fork
+    _reaper_guard = threading.Lock()
+    for slot in list(_slots):
+        slot.abandon_in_child()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_abandon_all_in_child)
