@@ -414,7 +414,11 @@ class SyncExecutor:
                     connected = False
                     try:
                         # A repeat never reuses: the pool gives it a fresh connection.
-                        conn, since = held.take() if attempt == 1 else (None, time.monotonic())
+                        conn, lease = (
+                            held.take()
+                            if attempt == 1
+                            else (None, (self._engine.pool, time.monotonic()))
+                        )
                         if conn is None:
                             conn = _checked_out(self._engine, options)
                         connected = True
@@ -423,7 +427,7 @@ class SyncExecutor:
                         except BaseException:
                             conn.close()
                             raise
-                        if not held.put(conn, since):
+                        if not held.put(conn, lease):
                             conn.close()
                         return result
                     except CommitOutcomeUnknown as lost:

@@ -40,11 +40,15 @@ import threading
 import time
 import weakref
 
+from sqlalchemy import event
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.pool import Pool, QueuePool
 
 # How long after its checkout a connection may serve further calls.
 HOLD_SECONDS = 1.0
+
+# Where and when a connection was checked out: (the pool, time.monotonic()).
+Lease = tuple[Pool, float]
 
 
 class HeldConnection:
@@ -61,31 +65,35 @@ class HeldConnection:
         # A slot that may never hold anything starts closed: put() refuses.
         self._closed = not enabled
         _slots.add(self)
+        _release_on_dispose(engine)
 
-    def take(self) -> tuple[Connection | None, float]:
+    def take(self) -> tuple[Connection | None, Lease]:
         """The held connection if it may serve this call (else None: check one out),
-        and when it was checked out, for put()."""
+        and its lease, for put()."""
         with self._guard:
             held, self._held = self._held, None
             pool, since = self._pool, self._since
+        current = self._engine.pool
         now = time.monotonic()
-        if held is None:
-            return None, now
-        if pool is self._engine.pool and now - since < HOLD_SECONDS:
-            return held, since
-        _retire(held, pool_gone=pool is not self._engine.pool)
-        return None, now
+        if held is not None:
+            if pool is current and now - since < HOLD_SECONDS:
+                return held, (current, since)
+            _retire(held, pool_gone=pool is not current)
+        # Read before the checkout: a dispose() in between makes the lease name
+        # the old pool, and the connection is then retired rather than kept.
+        return None, (current, now)
 
-    def put(self, conn: Connection, since: float) -> bool:
-        """Keep *conn* (checked out at *since*) for the next call, or False: close it."""
-        pool = self._engine.pool
+    def put(self, conn: Connection, lease: Lease) -> bool:
+        """Keep *conn* for the next call, or False: close it."""
+        pool, since = lease
         if (
             self._closed
             or conn.invalidated
             or conn.closed
             or time.monotonic() - since >= HOLD_SECONDS
+            or pool is not self._engine.pool  # disposed meanwhile
             or not isinstance(pool, QueuePool)
-            or pool.checkedout() >= pool.size()  # in overflow: give it back
+            or pool.checkedout() >= pool.size()  # none to spare: give it back
         ):
             return False
         with self._guard:
@@ -95,6 +103,10 @@ class HeldConnection:
         if _reaper is None:
             _start_reaper()
         return True
+
+    @property
+    def engine(self) -> Engine:
+        return self._engine
 
     def release(self, *, for_good: bool = False, expired_only: bool = False) -> bool:
         """Return the held connection (after an outage; *for_good*: hold nothing from
@@ -154,14 +166,49 @@ def _reap() -> None:
     while True:
         time.sleep(HOLD_SECONDS)
         with _reaper_guard:
-            holding = False
-            for slot in list(_slots):
-                # A connection failing to close is the pool's to drop; go on.
-                with contextlib.suppress(Exception):
-                    holding = slot.release(expired_only=True) or holding
-            if not holding:
+            if not _release_expired():
                 _reaper = None
                 return
+
+
+def _release_expired() -> bool:
+    """One round of the reaper (a function of its own: the sleeping frame keeps no
+    slot, nor its engine, alive). True if a connection stays held."""
+    holding = False
+    for slot in list(_slots):
+        # A connection failing to close is the pool's to drop; go on.
+        with contextlib.suppress(Exception):
+            holding = slot.release(expired_only=True) or holding
+    return holding
+
+
+# Engines whose dispose() releases the slots on them (one listener per engine).
+_disposal_watched: weakref.WeakSet[Engine] = weakref.WeakSet()
+_disposal_guard = threading.Lock()
+
+
+def _release_on_dispose(engine: Engine) -> None:
+    """``Engine.dispose()`` closes what the engine's slots hold, at once.
+
+    The pool closes only what is checked in, and a held connection is checked
+    out: without this it would stay open after dispose() -- an open SQLite
+    connection keeps the WAL file from being checkpointed into the database
+    (a copy of the file taken then is not the database), an open server
+    session keeps ``DROP DATABASE`` out. (A listener makes the engine
+    dispatch connection events around each statement, ~10 us on PostgreSQL;
+    SQLite engines have one already.)
+    """
+    with _disposal_guard:
+        if engine in _disposal_watched:
+            return
+        _disposal_watched.add(engine)
+    event.listen(engine, "engine_disposed", _on_engine_disposed)
+
+
+def _on_engine_disposed(engine: Engine) -> None:
+    for slot in list(_slots):
+        if slot.engine is engine:
+            slot.release()
 
 
 # Connections a forked child inherited: referenced until the child exits, so

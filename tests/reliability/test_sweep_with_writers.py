@@ -55,7 +55,9 @@ class SweepHolds:
     """How long each write transaction of *thread* held its locks: from ``begin``
     (the engine's SQLite listener has already run ``BEGIN IMMEDIATE``) -- or, on
     psycopg's autocommit writer, from the layer's own ``BEGIN; SET LOCAL ...``
-    statement -- to the pool's ``checkin`` of that connection, after ``COMMIT``."""
+    statement -- to the transaction's ``commit`` (or ``rollback``) event, which
+    comes once ``COMMIT`` has returned. (Not the pool's checkin: the connection may
+    stay checked out for the next call, held_connection.py.)"""
 
     def __init__(self, engine: sa.Engine, thread: int) -> None:
         self.seconds: list[float] = []
@@ -63,7 +65,8 @@ class SweepHolds:
         self._began: dict[int, float] = {}
         sa.event.listen(engine, "begin", self._on_begin)
         sa.event.listen(engine, "before_cursor_execute", self._on_statement)
-        sa.event.listen(engine.pool, "checkin", self._on_checkin)
+        sa.event.listen(engine, "commit", self._on_end)
+        sa.event.listen(engine, "rollback", self._on_end)
 
     def _on_begin(self, connection: sa.Connection) -> None:
         options = connection.get_execution_options()
@@ -81,8 +84,8 @@ class SweepHolds:
     def _start(self, connection: sa.Connection) -> None:
         self._began[id(connection.connection.dbapi_connection)] = time.perf_counter()
 
-    def _on_checkin(self, dbapi_connection: object, _record: object) -> None:
-        started = self._began.pop(id(dbapi_connection), None)
+    def _on_end(self, connection: sa.Connection) -> None:
+        started = self._began.pop(id(connection.connection.dbapi_connection), None)
         if started is not None:
             self.seconds.append(time.perf_counter() - started)
 
