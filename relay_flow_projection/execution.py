@@ -145,8 +145,11 @@ def run_in_transaction(conn: Connection, operation: Operation[T], budget: float)
     if not operation.writes:
         return operation.body(conn)  # conn has read_options(): no BEGIN
     if conn.dialect.name == "sqlite":
+        full = lock_timeout_of(conn.engine)
+        if full - budget < 0.001 and not operation.deletes_dependents:
+            return _committed(conn, operation.body)  # no pragma to change: the usual write
         with (
-            _sqlite_busy_timeout(conn, budget),
+            _sqlite_busy_timeout(conn, budget, full),
             _sqlite_foreign_keys_off(conn) if operation.deletes_dependents else nullcontext(),
         ):
             return _committed(conn, operation.body)
@@ -198,14 +201,14 @@ def _committed(conn: Connection, body: Callable[[Connection], T], send_commit: b
 
 
 @contextmanager
-def _sqlite_busy_timeout(conn: Connection, budget: float) -> Iterator[None]:
-    """Shorten this connection's busy timeout by what the writer queue used.
+def _sqlite_busy_timeout(conn: Connection, budget: float, full: float) -> Iterator[None]:
+    """Shorten this connection's busy timeout (*full*: lock_timeout) by what the
+    writer queue used.
 
     The connect listener set it to the whole lock_timeout; one ``PRAGMA`` on
     the pooled DBAPI connection (before ``BEGIN IMMEDIATE``, which is what
     waits) is needed only when the queue took a noticeable part of it.
     """
-    full = lock_timeout_of(conn.engine)
     if full - budget < 0.001:
         yield
         return
@@ -404,49 +407,9 @@ class SyncExecutor:
 
     def run(self, operation: Operation[T]) -> T:
         try:
-            with self._queue(operation) as budget:
-                held, options = (
-                    (self._held_writer, self._write_options)
-                    if operation.writes
-                    else (self._held_reader, self._read_options)
-                )
-                for attempt in itertools.count(1):
-                    connected = False
-                    try:
-                        # A repeat never reuses: the pool gives it a fresh connection.
-                        conn, lease = (
-                            held.take()
-                            if attempt == 1
-                            else (None, (self._engine.pool, time.monotonic()))
-                        )
-                        if conn is None:
-                            conn = _checked_out(self._engine, options)
-                        connected = True
-                        try:
-                            result = run_in_transaction(conn, operation, budget)
-                        except BaseException:
-                            conn.close()
-                            raise
-                        if not held.put(conn, lease):
-                            conn.close()
-                        return result
-                    except CommitOutcomeUnknown as lost:
-                        if operation.settle is None or attempt > 1:
-                            raise
-                        settled = self._settle(operation.settle, lost)
-                        if settled is not None:
-                            return settled
-                        # It did not commit: the next attempt is its one retry.
-                    except DBAPIError as exc:
-                        if exc.connection_invalidated:
-                            # What the slots hold may be broken by the same outage.
-                            self._held_reader.release()
-                            self._held_writer.release()
-                        delay = _retry_delay(exc, attempt, connected)
-                        if delay is None:
-                            raise
-                        time.sleep(delay)
-                raise AssertionError("unreachable: every attempt returns or raises")
+            if operation.writes and self._sqlite:
+                return self._run_queued(operation)
+            return self._attempts(operation, self._lock_timeout)
         except (SQLAlchemyError, sqlite3.Error, OSError, CommitOutcomeUnknown) as exc:
             raise translate_error(
                 exc,
@@ -454,6 +417,62 @@ class SyncExecutor:
                 missing_run=operation.missing_run,
                 lock_timeout=self._lock_timeout,
             ) from exc
+
+    def _run_queued(self, operation: Operation[T]) -> T:
+        """A SQLite write: wait for this pool's writer queue, then run with the budget left."""
+        lock = _thread_lock(self._engine.pool)
+        started = time.monotonic()
+        if not lock.acquire(timeout=self._lock_timeout):
+            raise _busy_message(operation.subject, self._lock_timeout)
+        try:
+            budget = max(0.001, self._lock_timeout - (time.monotonic() - started))
+            return self._attempts(operation, budget)
+        finally:
+            lock.release()
+
+    def _attempts(self, operation: Operation[T], budget: float) -> T:
+        """Run the operation's transaction on the held connection or a checked-out one,
+        repeating it after a dropped connection or a deadlock (``_retry_delay``)."""
+        held, options = (
+            (self._held_writer, self._write_options)
+            if operation.writes
+            else (self._held_reader, self._read_options)
+        )
+        for attempt in itertools.count(1):
+            connected = False
+            try:
+                # A repeat never reuses: the pool gives it a fresh connection.
+                conn, lease = (
+                    held.take() if attempt == 1 else (None, (self._engine.pool, time.monotonic()))
+                )
+                if conn is None:
+                    conn = _checked_out(self._engine, options)
+                connected = True
+                try:
+                    result = run_in_transaction(conn, operation, budget)
+                except BaseException:
+                    conn.close()
+                    raise
+                if not held.put(conn, lease):
+                    conn.close()
+                return result
+            except CommitOutcomeUnknown as lost:
+                if operation.settle is None or attempt > 1:
+                    raise
+                settled = self._settle(operation.settle, lost)
+                if settled is not None:
+                    return settled
+                # It did not commit: the next attempt is its one retry.
+            except DBAPIError as exc:
+                if exc.connection_invalidated:
+                    # What the slots hold may be broken by the same outage.
+                    self._held_reader.release()
+                    self._held_writer.release()
+                delay = _retry_delay(exc, attempt, connected)
+                if delay is None:
+                    raise
+                time.sleep(delay)
+        raise AssertionError("unreachable: every attempt returns or raises")
 
     def _settle(
         self, settle: Callable[[Connection], T | None], lost: CommitOutcomeUnknown
@@ -465,21 +484,6 @@ class SyncExecutor:
                 return settle(conn)
         except DBAPIError:
             raise lost from None  # still unknown
-
-    @contextmanager
-    def _queue(self, operation: Operation[Any]) -> Iterator[float]:
-        """Hold the SQLite writer queue (writes only); yield the lock budget left."""
-        if not (operation.writes and self._sqlite):
-            yield self._lock_timeout
-            return
-        lock = _thread_lock(self._engine.pool)
-        started = time.monotonic()
-        if not lock.acquire(timeout=self._lock_timeout):
-            raise _busy_message(operation.subject, self._lock_timeout)
-        try:
-            yield max(0.001, self._lock_timeout - (time.monotonic() - started))
-        finally:
-            lock.release()
 
 
 def _on_fresh(
