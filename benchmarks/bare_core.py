@@ -21,7 +21,8 @@ The statements are the layer's own objects (``statements.py``: ``GET_RUN``,
 dictionaries ``operations.py`` builds, and rows are mapped by the same
 ``row_to_run``. What is left out is what the layer adds around them: argument
 validation, ``Operation`` objects, the executor (SQLite writer queue, retry,
-error translation), the pool and the read-only engine view, the listeners.
+error translation), the pool checkout where the layer still makes one (asyncio,
+MySQL) and the per-connection options, the listeners.
 
 Reads and writes hold one connection each (as ``raw.py`` does): on one
 connection a read would either open a transaction (psycopg sends ``BEGIN``
