@@ -72,11 +72,18 @@ def held_engine(migrated_url: str, dialect: str) -> Iterator[Engine]:
     engine.dispose()
 
 
-@pytest.mark.parametrize("dialect", ["sqlite", "postgresql"], indirect=True)
-def test_calls_in_a_row_share_one_checkout_per_role(held_engine: Engine) -> None:
-    projection = RunProjection(held_engine, clock=FakeClock())
+def _holding_both(engine: Engine) -> RunProjection:
+    """A projection on *engine* that has just written and read run r1: it holds
+    the writer's connection and the reader's."""
+    projection = RunProjection(engine, clock=FakeClock())
     projection.insert_start(_start("r1"), T0)
     projection.get_run("r1")
+    return projection
+
+
+@pytest.mark.parametrize("dialect", ["sqlite", "postgresql"], indirect=True)
+def test_calls_in_a_row_share_one_checkout_per_role(held_engine: Engine) -> None:
+    projection = _holding_both(held_engine)
     counts = PoolCounts(held_engine)
     for index in range(20):
         projection.update_node("r1", RunState.RUNNING, f"n{index}", "v")
@@ -103,9 +110,7 @@ def test_a_connection_serves_calls_for_hold_seconds_then_goes_back(held_engine: 
 
 @pytest.mark.parametrize("dialect", ["sqlite", "postgresql"], indirect=True)
 def test_an_idle_projection_holds_nothing_for_long(held_engine: Engine) -> None:
-    projection = RunProjection(held_engine, clock=FakeClock())
-    projection.insert_start(_start("r1"), T0)
-    projection.get_run("r1")
+    projection = _holding_both(held_engine)
     assert _checked_out(held_engine) == 2  # the writer's and the reader's
     assert _wait_for(lambda: _checked_out(held_engine) == 0, REAPED_WITHIN)
     # The next call checks out again and works.
@@ -114,9 +119,7 @@ def test_an_idle_projection_holds_nothing_for_long(held_engine: Engine) -> None:
 
 @pytest.mark.parametrize("dialect", ["sqlite", "postgresql"], indirect=True)
 def test_close_returns_what_the_projection_holds(held_engine: Engine) -> None:
-    projection = RunProjection(held_engine, clock=FakeClock())
-    projection.insert_start(_start("r1"), T0)
-    projection.get_run("r1")
+    projection = _holding_both(held_engine)
     assert _checked_out(held_engine) == 2
     projection.close()
     assert _checked_out(held_engine) == 0
@@ -127,9 +130,7 @@ def test_close_returns_what_the_projection_holds(held_engine: Engine) -> None:
 
 @pytest.mark.parametrize("dialect", ["sqlite", "postgresql"], indirect=True)
 def test_a_dropped_projection_returns_what_it_holds(held_engine: Engine) -> None:
-    projection = RunProjection(held_engine, clock=FakeClock())
-    projection.insert_start(_start("r1"), T0)
-    projection.get_run("r1")
+    projection = _holding_both(held_engine)
     assert _checked_out(held_engine) == 2
     del projection  # no close(): the executor's finalizer returns them
     gc.collect()
@@ -204,9 +205,7 @@ def test_mysql_connections_go_back_after_every_call(migrated_url: str) -> None:
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
 @pytest.mark.parametrize("dialect", ["sqlite", "postgresql"], indirect=True)
 def test_a_forked_child_leaves_the_parents_held_connection_alone(held_engine: Engine) -> None:
-    projection = RunProjection(held_engine, clock=FakeClock())
-    projection.insert_start(_start("r1"), T0)
-    projection.get_run("r1")
+    projection = _holding_both(held_engine)
     assert _checked_out(held_engine) == 2
     pid = os.fork()
     if pid == 0:  # pragma: no cover - the child reports through its exit code
