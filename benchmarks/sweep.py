@@ -8,7 +8,7 @@ terminal runs (3 child rows each) to sweep from among them.
   batches aiming at ``target_batch_seconds``, at most ``batch_size`` runs).
   Every write transaction's hold is timed from the outside, through engine
   events: from ``BEGIN`` (SQLite: once ``BEGIN IMMEDIATE`` has the write lock)
-  to the connection's return to the pool after ``COMMIT`` -- so the commit
+  to the end of its ``COMMIT`` (lock_holds.py) -- so the commit
   and any WAL checkpoint it runs count, as they do for a waiting writer. With
   ``archive=True`` the sweep also writes its archive, and every line is
   checked against the data set afterwards.
@@ -31,8 +31,6 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
-from sqlalchemy import event
-from sqlalchemy.engine import Connection, Engine
 
 from relay_flow_projection import RunProjection, create_engine
 from relay_flow_projection.engine import BUSY_TIMEOUT_MS, JOURNAL_SIZE_LIMIT
@@ -41,6 +39,7 @@ from relay_flow_projection.schema import runs as runs_table
 from relay_flow_projection.timestamps import to_storage_text
 
 from .dataset import CHILD_COLUMNS, CHILD_TABLES, RUN_COLUMNS, Shape
+from .lock_holds import LockHolds
 from .sections import Target
 
 
@@ -56,34 +55,6 @@ def _child_rows(target: Target) -> int:
     with psycopg.connect(target.conninfo, autocommit=True) as pg:
         row = pg.execute(query.encode()).fetchone()
         return int(row[0]) if row else 0
-
-
-class LockHolds:
-    """How long each write transaction on *engine* held its locks, in seconds.
-
-    From the ``begin`` event (the project's SQLite listener, registered first,
-    has already taken the write lock with ``BEGIN IMMEDIATE``) to the pool's
-    ``checkin`` of that connection, after ``COMMIT``: SQLite's write lock and
-    the in-process writer queue, or a PostgreSQL batch's row locks. Reads
-    (autocommit / the read-only view) are not counted.
-    """
-
-    def __init__(self, engine: Engine) -> None:
-        self.seconds: list[float] = []
-        self._began: dict[int, float] = {}
-        event.listen(engine, "begin", self._on_begin)
-        event.listen(engine.pool, "checkin", self._on_checkin)
-
-    def _on_begin(self, connection: Connection) -> None:
-        options = connection.get_execution_options()
-        if options.get("relay_read_only") or options.get("isolation_level") == "AUTOCOMMIT":
-            return
-        self._began[id(connection.connection.dbapi_connection)] = time.perf_counter()
-
-    def _on_checkin(self, dbapi_connection: Any, _record: Any) -> None:
-        started = self._began.pop(id(dbapi_connection), None)
-        if started is not None:
-            self.seconds.append(time.perf_counter() - started)
 
 
 def _expected_line(shape: Shape, index: int) -> dict[str, Any]:

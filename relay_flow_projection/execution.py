@@ -393,8 +393,9 @@ class SyncExecutor:
         self._write_options = write_options(engine.dialect)
         self._read_options = read_options(engine.dialect)
         # The connection each role's last call used, for the next (held_connection.py).
-        self._held_writer = HeldConnection(engine, enabled=keeps_between_calls(engine.dialect))
-        self._held_reader = HeldConnection(engine, enabled=keeps_between_calls(engine.dialect))
+        keeps = keeps_between_calls(engine.dialect)
+        self._held_writer = HeldConnection(engine, enabled=keeps)
+        self._held_reader = HeldConnection(engine, enabled=keeps)
         self._lock_timeout = lock_timeout_of(engine)
         self._sqlite = engine.dialect.name == "sqlite"
         track_for_fork(engine)
@@ -442,9 +443,7 @@ class SyncExecutor:
             connected = False
             try:
                 # A repeat never reuses: the pool gives it a fresh connection.
-                conn, lease = (
-                    held.take() if attempt == 1 else (None, (self._engine.pool, time.monotonic()))
-                )
+                conn, lease = held.take() if attempt == 1 else (None, held.lease())
                 if conn is None:
                     conn = _checked_out(self._engine, options)
                 connected = True

@@ -10,11 +10,11 @@ to the next call -- within limits that keep what the pool guarantees:
 * Briefly: a connection serves calls for ``HOLD_SECONDS`` after its checkout,
   then goes back to the pool, and a call finding it older checks one out
   again. Whatever the pool does on checkout (``pool_pre_ping``,
-  ``pool_recycle``, MySQL's idle limit in engine.py, replacing connections
-  from before an outage it saw) still happens about once a second on a busy
-  projection. A connection nobody asks for is returned by a daemon thread
-  within ``HOLD_SECONDS`` more (``_reap``), so an idle service holds nothing
-  and ``Engine.dispose()`` soon finds every connection back.
+  ``pool_recycle``, replacing connections from before an outage it saw) still
+  happens about once a second on a busy projection. A connection nobody asks
+  for is returned by a daemon thread within ``HOLD_SECONDS`` more (``_reap``),
+  so an idle service holds nothing; ``Engine.dispose()`` closes held ones at
+  once (``_release_on_dispose``).
 * From a ``QueuePool`` with room to spare only: a connection is kept only
   while the pool is not in overflow, so another user of the engine (another
   projection, the application's own queries) always finds one. ``NullPool``
@@ -73,15 +73,19 @@ class HeldConnection:
         with self._guard:
             held, self._held = self._held, None
             pool, since = self._pool, self._since
-        current = self._engine.pool
-        now = time.monotonic()
         if held is not None:
+            current, now = self._engine.pool, time.monotonic()
             if pool is current and now - since < HOLD_SECONDS:
                 return held, (current, since)
             _retire(held, pool_gone=pool is not current)
-        # Read before the checkout: a dispose() in between makes the lease name
-        # the old pool, and the connection is then retired rather than kept.
-        return None, (current, now)
+        return None, self.lease()
+
+    def lease(self) -> Lease:
+        """The lease of a connection about to be checked out (a repeat's, or take()'s
+        when nothing may be reused). Taken before the checkout: a dispose() in
+        between makes it name the old pool, and the connection is then retired
+        rather than kept."""
+        return self._engine.pool, time.monotonic()
 
     def put(self, conn: Connection, lease: Lease) -> bool:
         """Keep *conn* for the next call, or False: close it."""
@@ -182,8 +186,7 @@ def _release_expired() -> bool:
     return holding
 
 
-# Engines whose dispose() releases the slots on them (one listener per engine).
-_disposal_watched: weakref.WeakSet[Engine] = weakref.WeakSet()
+# One listener per engine: the check and the registration happen together.
 _disposal_guard = threading.Lock()
 
 
@@ -199,10 +202,8 @@ def _release_on_dispose(engine: Engine) -> None:
     SQLite engines have one already.)
     """
     with _disposal_guard:
-        if engine in _disposal_watched:
-            return
-        _disposal_watched.add(engine)
-    event.listen(engine, "engine_disposed", _on_engine_disposed)
+        if not event.contains(engine, "engine_disposed", _on_engine_disposed):
+            event.listen(engine, "engine_disposed", _on_engine_disposed)
 
 
 def _on_engine_disposed(engine: Engine) -> None:

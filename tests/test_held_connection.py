@@ -64,9 +64,8 @@ def _wait_for(condition: Any, timeout: float) -> bool:
 
 
 @pytest.fixture
-def held_engine(migrated_url: str, dialect: str) -> Iterator[Engine]:
-    if dialect == "mysql":
-        pytest.skip("MySQL/MariaDB connections are not kept (dialect.keeps_between_calls)")
+def held_engine(migrated_url: str) -> Iterator[Engine]:
+    """An engine whose connections the sync facade keeps (SQLite, PostgreSQL)."""
     engine = create_engine(migrated_url)
     yield engine
     engine.dispose()
