@@ -141,6 +141,35 @@ def _concurrency_rows(results: Results) -> list[Row]:
         )
     )
 
+    def from_tasks() -> str:
+        d = _section(results, "postgresql", "async_concurrency")
+        rates, ms = d["calls_per_s"], d["max_stall_ms"]
+        ratios = ", ".join(
+            f"{driver} {d[f'{driver}_vs_sync_from_tasks']:.2f}x" for driver in PG_DRIVERS
+        )
+        return (
+            f"{rates['sync_from_tasks']:,.0f} calls/s, longest stall "
+            f"{ms['sync_from_tasks']:.1f} ms; the async layer: {ratios}"
+        )
+
+    rows.append(
+        (
+            "6",
+            f"… the alternative: the same {tasks} tasks awaiting the sync facade on "
+            f"{threads} worker threads (`run_in_executor`): throughput, longest stall; the "
+            "async layer's throughput ÷ it",
+            "—",
+            _cell(results, "postgresql", section, from_tasks),
+            f"stall ≤ {STALL_TARGET_MS:g} ms",
+            "— / "
+            + (
+                _yes(data["max_stall_ms"]["sync_from_tasks"] <= STALL_TARGET_MS)
+                if data and "sync_from_tasks" in data["max_stall_ms"]
+                else "—"
+            ),
+        )
+    )
+
     def stall() -> str:
         ms = _section(results, "postgresql", "async_concurrency")["max_stall_ms"]
         return "; ".join(

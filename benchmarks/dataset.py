@@ -17,7 +17,8 @@ template of its own): 10% of the runs are active, one in every ten
 consecutive runs (at a varying position) through the whole table, the old
 ones included; the oldest ``runs / 10`` terminal runs are what
 ``sweep_retention(cutoff)`` removes, interleaved with active runs that it
-must step over.
+must step over. ``Shape(runs, mixed=True, old=n)`` makes the oldest *n*
+terminal runs sweepable instead (``benchmarks/run.py --sweepable n``).
 
 The schema always comes from the project's own Alembic chain; rows are bulk
 loaded with the raw drivers (loading is not what is measured). A *template*
@@ -61,10 +62,11 @@ def run_id(index: int) -> str:
 class Shape:
     runs: int
     mixed: bool = False  # 10% active runs through the whole table (the sweep's data set)
+    old: int = 0  # terminal runs older than the cutoff; 0: a tenth of the runs
 
     @property
     def sweepable(self) -> int:
-        return self.runs // 10
+        return self.old or self.runs // 10
 
     @property
     def old_end(self) -> int:

@@ -57,6 +57,7 @@ class Sizes:
     sweep_batches: tuple[int, ...]  # batch_size caps; the first is the default
     sweep_repeats: int  # fresh copies swept by the layer per batch size; the median is reported
     adoption_runs: tuple[int, ...]
+    sweepable: int = 0  # old terminal runs in the sweep's data set; 0: a tenth of the runs
 
 
 FULL = Sizes(
@@ -239,16 +240,17 @@ def measure_sweep(databases: Databases, sizes: Sizes, results: Results) -> None:
     archive, which is checked line by line.
     """
     dialect = databases.dialect
-    databases.load_template(Shape(sizes.runs, mixed=True))
+    databases.load_template(Shape(sizes.runs, mixed=True, old=sizes.sweepable))
+    shape = {"runs": sizes.runs, "old": sizes.sweepable}
     with databases.fresh(mixed=True) as target:
         log(f"{dialect}: 3. the Go algorithm, the layer's connection settings")
-        results.put(dialect, "sweep_go", run_child("sweep_go", target, runs=sizes.runs))
+        results.put(dialect, "sweep_go", run_child("sweep_go", target, **shape))
     for batch in sizes.sweep_batches:
         sweeps = []
         for repeat in range(sizes.sweep_repeats):
             with databases.fresh(mixed=True) as target:
                 log(f"{dialect}: 3. sweep_retention, batch_size={batch} ({repeat + 1})")
-                sweeps.append(run_child("sweep_layer", target, runs=sizes.runs, batch_size=batch))
+                sweeps.append(run_child("sweep_layer", target, **shape, batch_size=batch))
         sweeps.sort(key=lambda sweep: float(sweep["seconds"]))
         median = {
             **sweeps[len(sweeps) // 2],
@@ -258,12 +260,12 @@ def measure_sweep(databases: Databases, sizes: Sizes, results: Results) -> None:
         results.put(dialect, f"sweep_layer_{batch}", median)
     with databases.fresh(mixed=True) as target:
         log(f"{dialect}: 3. sweep_retention with an archive, then every line checked")
-        archived = run_child("sweep_layer", target, runs=sizes.runs, archive=True)
+        archived = run_child("sweep_layer", target, **shape, archive=True)
         results.put(dialect, "sweep_archive", archived)
     if dialect == "sqlite":
         with databases.fresh(mixed=True) as target:
             log(f"{dialect}: 3. the Go algorithm, the Go release's own connection settings")
-            own = run_child("sweep_go", target, runs=sizes.runs, pragmas="go")
+            own = run_child("sweep_go", target, **shape, pragmas="go")
             results.put(dialect, "sweep_go_own", own)
 
 
@@ -361,6 +363,12 @@ def parse_arguments(argv: list[str]) -> argparse.Namespace:
     )
     parser.add_argument("--runs", type=int, help="override the number of runs")
     parser.add_argument(
+        "--sweepable",
+        type=int,
+        default=0,
+        help="old terminal runs in the sweep's data set (default: a tenth of the runs)",
+    )
+    parser.add_argument(
         "--dialect",
         choices=(*DIALECTS, "mysql", "both"),
         default="both",
@@ -391,8 +399,9 @@ def _sections(text: str) -> tuple[str, ...]:
 def main(argv: list[str] | None = None) -> int:
     arguments = parse_arguments(sys.argv[1:] if argv is None else argv)
     sizes = QUICK if arguments.quick else FULL
-    if arguments.runs:
-        sizes = Sizes(**{**asdict(sizes), "runs": arguments.runs})
+    if arguments.runs or arguments.sweepable:
+        runs = arguments.runs or sizes.runs
+        sizes = Sizes(**{**asdict(sizes), "runs": runs, "sweepable": arguments.sweepable})
     dialects: tuple[str, ...] = DIALECTS if arguments.dialect == "both" else (arguments.dialect,)
     dialects = tuple(d for d in dialects if d != "mysql")
     results = Results(

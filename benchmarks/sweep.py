@@ -2,7 +2,8 @@
 
 Both run on copies of the *mixed* data set (``Shape(runs, mixed=True)``): 10%
 of the runs active, spread through the whole table, and ``runs / 10`` old
-terminal runs (3 child rows each) to sweep from among them.
+terminal runs (3 child rows each; ``--sweepable`` sets another count) to
+sweep from among them.
 
 - ``sweep_layer``: ``RunProjection.sweep_retention`` with its defaults (time-sized
   batches aiming at ``target_batch_seconds``, at most ``batch_size`` runs).
@@ -115,9 +116,13 @@ def verify_archive(path: Path, shape: Shape, swept: list[str]) -> dict[str, Any]
 
 
 def sweep_layer(
-    target: Target, runs: int, batch_size: int | None = None, archive: bool = False
+    target: Target,
+    runs: int,
+    batch_size: int | None = None,
+    archive: bool = False,
+    old: int = 0,
 ) -> dict[str, Any]:
-    shape = Shape(runs, mixed=True)
+    shape = Shape(runs, mixed=True, old=old)
     children_before = _child_rows(target)
     engine = create_engine(target.url)
     projection = RunProjection(engine)
@@ -181,9 +186,9 @@ SQLITE_PRAGMAS = {
 }
 
 
-def sweep_go(target: Target, runs: int, pragmas: str = "layer") -> dict[str, Any]:
+def sweep_go(target: Target, runs: int, pragmas: str = "layer", old: int = 0) -> dict[str, Any]:
     """The Go algorithm on the raw driver: select every id, then one transaction per run."""
-    shape = Shape(runs, mixed=True)
+    shape = Shape(runs, mixed=True, old=old)
     children_before = _child_rows(target)
     settings: dict[str, Any] = {}
     started, cpu = time.perf_counter(), time.process_time()

@@ -327,7 +327,7 @@ def render(results: Results) -> str:
         lambda dialect, d: "relay_runs_sweepable" in d["count_sweepable_plan"],
     )
 
-    sweepable = runs // 10
+    sweepable = results.sizes.get("sweepable") or runs // 10
     table.add(
         "3",
         "the Go algorithm (one transaction per run) on the raw driver, the layer's pragmas "
