@@ -2,8 +2,8 @@
 
 The same methods as ``RunProjection``, as coroutines, built from the same
 operations (``operations.py``) and run by ``AsyncExecutor``, which drives each
-operation's one synchronous body on the async driver through
-``AsyncConnection.run_sync`` (execution.py says why).
+operation's one synchronous body on the async driver in a greenlet
+(execution.py says how).
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ database), binds the parameters, and returns an ``Operation``: what the call
 is about and a ``body`` that runs its statements on one ``Connection``. The
 facades only build operations and hand them to their executor
 (``execution.py``), which owns the transaction; the async executor runs the
-very same body under ``AsyncConnection.run_sync``.
+very same body in a greenlet that awaits the async driver.
 
 Why ``run_sync`` rather than writing each operation as a sequence of steps
 that a sync and an async driver loop both walk: the multi-statement
