@@ -479,9 +479,7 @@ class SyncExecutor:
     ) -> T | None:
         """What a write whose COMMIT was lost did, read on a new connection."""
         try:
-            conn = _checked_out(self._engine, self._read_options)
-            with conn:
-                return settle(conn)
+            return _on_own_connection(self._engine, self._read_options, _Progress(), settle)
         except DBAPIError:
             raise lost from None  # still unknown
 
@@ -515,7 +513,8 @@ def _on_own_connection(
     *args: Any,
 ) -> T:
     """Check a connection out of *engine*, run *body* on it, return it to the pool:
-    the async executor's whole attempt, inside one greenlet (``AsyncExecutor._in_greenlet``)."""
+    the async executor's whole attempt inside one greenlet (``AsyncExecutor._in_greenlet``),
+    and either executor's settling read."""
     conn = _checked_out(engine, options)
     progress.connected = True
     with conn:
