@@ -7,10 +7,12 @@ fresh database and returns a JSON-able dict:
   against the raw async driver (``raw_async.py``) sending the same SQL with the
   same transactions (checked at the driver first), in alternating blocks;
 - ``async_concurrency``: 64 tasks doing ``get_run`` / ``update_node`` on
-  PostgreSQL through the async layer and through the raw async drivers with
-  the same number of connections, the sync facade with 8 threads beside
-  them, the same 64 tasks awaiting the sync facade on 8 worker threads (the
-  alternative to an async layer issue 21 asks to measure), and the longest
+  PostgreSQL through the async layer, through the raw async drivers with
+  the same number of connections and through bare Core on as many held
+  ``AsyncConnection`` pairs (the floor of SQLAlchemy's asyncio itself), the
+  sync facade with 8 threads beside them, the same 64 tasks awaiting the
+  sync facade on 8 worker threads (the alternative to an async layer issue
+  21 asks to measure), and the longest
   stall of a 1 ms heartbeat task during each run from the loop;
 - ``pooler_cost``: the same single-row methods on a direct PostgreSQL
   connection with the layer's pooler-safe defaults against the drivers'
@@ -22,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import functools
+import gc
 import itertools
 import statistics
 import threading
@@ -46,6 +49,7 @@ from .bare_core import BareCoreAsync
 from .dataset import Shape, run_id
 from .raw_async import (
     RawAsyncDriver,
+    RawPool,
     RawPoolWork,
     async_url,
     open_raw,
@@ -259,6 +263,33 @@ async def _drive_tasks(work: Work, assigned: list[str], seconds: float, label: s
     )
 
 
+class BarePoolWork:
+    """The bare-Core floor for many tasks: *size* :class:`BareCoreAsync` slots (a held
+    reader and writer ``AsyncConnection`` each, no listeners) shared through a
+    :class:`RawPool` queue, as the raw drivers' connections are. Twice the raw side's
+    server connections (the reader stays in AUTOCOMMIT); what it measures is the client's
+    CPU for SQLAlchemy's asyncio execution itself, the least any layer on it pays."""
+
+    def __init__(self, pool: RawPool) -> None:
+        self.pool = pool
+
+    @classmethod
+    async def open(cls, url: str, size: int) -> BarePoolWork:
+        return cls(RawPool([await BareCoreAsync.open(url) for _ in range(size)]))
+
+    async def get_run(self, run_id: str) -> Run:
+        async with self.pool.connection() as bare:
+            run: Run = await bare.get_run(run_id)
+            return run
+
+    async def update_node(self, run_id: str, state: RunState, node: str, visit_id: str) -> None:
+        async with self.pool.connection() as bare:
+            await bare.update_node(run_id, state, node, visit_id)
+
+    async def close(self) -> None:
+        await self.pool.close()
+
+
 class SyncOnThreads:
     """The sync facade's calls run on *threads* worker threads, awaited from tasks
     (``loop.run_in_executor``): the alternative to the async executor."""
@@ -360,6 +391,11 @@ async def _async_concurrency(
         for driver in ("psycopg", "asyncpg")
     }
     contenders.update({f"raw_{driver}": work for driver, work in raws.items()})
+    bares = {
+        driver: await BarePoolWork.open(async_url(target.url, driver), pool_size)
+        for driver in ("psycopg", "asyncpg")
+    }
+    contenders.update({f"bare_{driver}": work for driver, work in bares.items()})
     sync_engine = create_engine(target.url, **pool)
     sync = RunProjection(sync_engine)
     on_threads = SyncOnThreads(sync, threads)
@@ -386,18 +422,28 @@ async def _async_concurrency(
             await one(name, min(seconds, 0.3))
         for values in (*throughput.values(), *cpu.values(), *stalls.values(), *p99.values()):
             values.clear()
+        # What the set-up allocated stays out of the collector's way from now on,
+        # and each run starts on a collected heap: a full collection of the
+        # garbage one contender left (30 ms here) is not charged to the next one's
+        # heartbeat.
+        gc.collect()
+        gc.freeze()
         for round_number in range(rounds):
             shift = round_number % len(names)
             for name in names[shift:] + names[:shift]:
+                gc.collect()
                 await one(name, seconds)
     finally:
         for work in raws.values():
             await work.close()
+        for bare in bares.values():
+            await bare.close()
         for engine in engines.values():
             await engine.dispose()
         on_threads.close()
         sync.close()
         sync_engine.dispose()
+        gc.unfreeze()
 
     results: dict[str, Any] = {
         "tasks": tasks,
@@ -414,6 +460,8 @@ async def _async_concurrency(
     rates = results["calls_per_s"]
     for driver in ("psycopg", "asyncpg"):
         results[f"{driver}_vs_raw"] = rates[f"layer_{driver}"] / rates[f"raw_{driver}"]
+        results[f"{driver}_vs_bare"] = rates[f"layer_{driver}"] / rates[f"bare_{driver}"]
+        results[f"{driver}_bare_vs_raw"] = rates[f"bare_{driver}"] / rates[f"raw_{driver}"]
         results[f"{driver}_vs_sync"] = rates[f"layer_{driver}"] / rates["sync_threads"]
         results[f"{driver}_vs_sync_from_tasks"] = (
             rates[f"layer_{driver}"] / rates["sync_from_tasks"]

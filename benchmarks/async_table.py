@@ -122,10 +122,34 @@ def _concurrency_rows(results: Results) -> list[Row]:
             )
         )
 
+    def bare() -> str:
+        d = _section(results, "postgresql", "async_concurrency")
+        rates = d["calls_per_s"]
+        return "; ".join(
+            f"{driver} {rates[f'bare_{driver}']:,.0f} calls/s ({d[f'{driver}_bare_vs_raw']:.2f}x "
+            f"raw, {rates[f'bare_{driver}'] / rates['sync_threads']:.2f}x sync; the layer "
+            f"{d[f'{driver}_vs_bare']:.2f}x it)"
+            for driver in PG_DRIVERS
+        )
+
+    rows.append(
+        (
+            "6",
+            f"… bare Core, the floor of any layer on SQLAlchemy's asyncio: the same {tasks} "
+            f"tasks on {pool} held `AsyncConnection` reader/writer pairs in an "
+            "`asyncio.Queue`, no listeners: throughput (÷ raw, ÷ sync facade); the layer ÷ it",
+            "—",
+            _cell(results, "postgresql", section, bare),
+            "",
+            "",
+        )
+    )
+
     def cpu() -> str:
         used = _section(results, "postgresql", "async_concurrency")["cpu_us_per_call"]
         parts = [
-            f"{driver} {used[f'layer_{driver}']:,.0f} / {used[f'raw_{driver}']:,.0f}"
+            f"{driver} {used[f'layer_{driver}']:,.0f} / {used[f'raw_{driver}']:,.0f} "
+            f"(bare Core {used[f'bare_{driver}']:,.0f})"
             for driver in PG_DRIVERS
         ]
         return "; ".join(parts) + f"; sync facade {used['sync_threads']:,.0f}"
@@ -239,8 +263,11 @@ def async_notes(results: Results) -> list[str]:
         f"for {sizes.get('seconds')} s per round, {sizes.get('rounds')} rounds rotating the "
         "contenders, median calls/s; the layer's engines have "
         f"`pool_size={sizes.get('pool_size')}, max_overflow=0`, the raw drivers an "
-        f"`asyncio.Queue` of {sizes.get('pool_size')} connections, the sync facade "
-        f"{sizes.get('threads')} threads on a pool of {sizes.get('pool_size')}; stall: the "
+        f"`asyncio.Queue` of {sizes.get('pool_size')} connections (bare Core: of "
+        f"{sizes.get('pool_size')} held reader/writer pairs), the sync facade "
+        f"{sizes.get('threads')} threads on a pool of {sizes.get('pool_size')}; the heap is "
+        "collected before each run and what the set-up allocated frozen (`gc.freeze`), so "
+        "that one contender's garbage is not collected during the next one's; stall: the "
         "largest delay beyond 1 ms of an `asyncio.sleep(0.001)` loop, over all rounds.",
         "7: the same methods, alternating blocks, with the layer's defaults (psycopg "
         "`prepare_threshold=None`; asyncpg `statement_cache_size=0`, "
