@@ -66,6 +66,7 @@ class AsyncRunProjection:
         if self._closed:
             return
         self._closed = True
+        await self._executor.close()
         if self._owns_engine:
             await self._engine.dispose()
 

@@ -76,7 +76,7 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager, nullcontext
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.engine import Connection, Dialect, Engine
 from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 from sqlalchemy.pool import Pool
 
@@ -89,7 +89,7 @@ from .dialect import (
 )
 from .driver_errors import CommitOutcomeUnknown, is_deadlock, translate_error
 from .errors import DatabaseBusy
-from .held_connection import HeldConnection
+from .held_connection import HeldConnection, LoopHeldConnection
 from .operations import Operation
 
 if TYPE_CHECKING:  # the asyncio extension loads only for the async facade
@@ -377,35 +377,26 @@ def _busy_message(subject: str, lock_timeout: float) -> DatabaseBusy:
 class SyncExecutor:
     """Runs operations for ``RunProjection`` on one engine."""
 
-    __slots__ = (
-        "__weakref__",
-        "_engine",
-        "_held_reader",
-        "_held_writer",
-        "_lock_timeout",
-        "_read_options",
-        "_sqlite",
-        "_write_options",
-    )
+    __slots__ = ("__weakref__", "_engine", "_lock_timeout", "_roles", "_sqlite")
 
     def __init__(self, engine: Engine) -> None:
         dialect_name(engine.dialect)  # refuse unsupported databases up front
         self._engine = engine
-        self._write_options = write_options(engine.dialect)
-        self._read_options = read_options(engine.dialect)
-        # The connection each role's last call used, for the next (held_connection.py).
         keeps = keeps_between_calls(engine.dialect)
-        self._held_writer = HeldConnection(engine, enabled=keeps)
-        self._held_reader = HeldConnection(engine, enabled=keeps)
+        self._roles = _Roles(
+            engine.dialect,
+            reader=HeldConnection(engine, enabled=keeps),
+            writer=HeldConnection(engine, enabled=keeps),
+        )
         self._lock_timeout = lock_timeout_of(engine)
         self._sqlite = engine.dialect.name == "sqlite"
         track_for_fork(engine)
         # An executor dropped without close() still ends what it holds.
-        weakref.finalize(self, _release_for_good, self._held_reader, self._held_writer)
+        weakref.finalize(self, self._roles.release_for_good)
 
     def close(self) -> None:
         """Return the held connections; later calls check one out per call."""
-        _release_for_good(self._held_reader, self._held_writer)
+        self._roles.release_for_good()
 
     def run(self, operation: Operation[T]) -> T:
         try:
@@ -433,29 +424,14 @@ class SyncExecutor:
             lock.release()
 
     def _attempts(self, operation: Operation[T], budget: float) -> T:
-        """Run the operation's transaction on the held connection or a checked-out one,
-        repeating it after a dropped connection or a deadlock (``_retry_delay``)."""
-        held, options = (
-            (self._held_writer, self._write_options)
-            if operation.writes
-            else (self._held_reader, self._read_options)
-        )
+        """Run the operation's transaction (``_on_held_connection``), repeating it after
+        a dropped connection or a deadlock (``_retry_delay``)."""
         for attempt in itertools.count(1):
-            connected = False
+            progress = _Progress()
             try:
-                # A repeat never reuses: the pool gives it a fresh connection.
-                conn, lease = held.take() if attempt == 1 else (None, held.lease())
-                if conn is None:
-                    conn = _checked_out(self._engine, options)
-                connected = True
-                try:
-                    result = run_in_transaction(conn, operation, budget)
-                except BaseException:
-                    conn.close()
-                    raise
-                if not held.put(conn, lease):
-                    conn.close()
-                return result
+                return _on_held_connection(
+                    self._engine, self._roles, attempt > 1, progress, operation, budget
+                )
             except CommitOutcomeUnknown as lost:
                 if operation.settle is None or attempt > 1:
                     raise
@@ -464,11 +440,7 @@ class SyncExecutor:
                     return settled
                 # It did not commit: the next attempt is its one retry.
             except DBAPIError as exc:
-                if exc.connection_invalidated:
-                    # What the slots hold may be broken by the same outage.
-                    self._held_reader.release()
-                    self._held_writer.release()
-                delay = _retry_delay(exc, attempt, connected)
+                delay = _retry_delay(exc, attempt, progress.connected)
                 if delay is None:
                     raise
                 time.sleep(delay)
@@ -479,9 +451,66 @@ class SyncExecutor:
     ) -> T | None:
         """What a write whose COMMIT was lost did, read on a new connection."""
         try:
-            return _on_own_connection(self._engine, self._read_options, _Progress(), settle)
+            return _on_own_connection(self._engine, self._roles.read_options, settle)
         except DBAPIError:
             raise lost from None  # still unknown
+
+
+class _Roles:
+    """Reads and writes: the options of each one's connections and the connection
+    each one's last call used, kept for the next (held_connection.py)."""
+
+    __slots__ = ("read_options", "reader", "write_options", "writer")
+
+    def __init__(self, dialect: Dialect, *, reader: HeldConnection, writer: HeldConnection):
+        self.read_options = read_options(dialect)
+        self.write_options = write_options(dialect)
+        self.reader = reader
+        self.writer = writer
+
+    def release(self) -> None:
+        """Return what both hold: after an outage, which may have broken it too."""
+        self.reader.release()
+        self.writer.release()
+
+    def release_for_good(self) -> None:
+        self.reader.release(for_good=True)
+        self.writer.release(for_good=True)
+
+
+def _on_held_connection(
+    engine: Engine,
+    roles: _Roles,
+    repeat: bool,
+    progress: _Progress,
+    operation: Operation[T],
+    budget: float,
+) -> T:
+    """One attempt of *operation*, the part both executors share (the async one in a
+    greenlet): on the connection its role holds if that may serve the call, else on
+    one checked out; then kept for the role's next call, or returned.
+
+    A *repeat* never reuses: the pool gives it a fresh connection.
+    """
+    held, options = (
+        (roles.writer, roles.write_options)
+        if operation.writes
+        else (roles.reader, roles.read_options)
+    )
+    conn, lease = (None, held.lease()) if repeat else held.take()
+    if conn is None:
+        conn = _checked_out(engine, options)
+    progress.connected = True
+    try:
+        result = run_in_transaction(conn, operation, budget)
+    except BaseException as exc:
+        conn.close()
+        if isinstance(exc, DBAPIError) and exc.connection_invalidated:
+            roles.release()
+        raise
+    if not held.put(conn, lease):
+        conn.close()
+    return result
 
 
 def _checked_out(engine: Engine, options: Mapping[str, Any]) -> Connection:
@@ -506,24 +535,12 @@ class _Progress:
 
 
 def _on_own_connection(
-    engine: Engine,
-    options: Mapping[str, Any],
-    progress: _Progress,
-    body: Callable[..., T],
-    *args: Any,
+    engine: Engine, options: Mapping[str, Any], body: Callable[[Connection], T]
 ) -> T:
     """Check a connection out of *engine*, run *body* on it, return it to the pool:
-    the async executor's whole attempt inside one greenlet (``AsyncExecutor._in_greenlet``),
-    and either executor's settling read."""
-    conn = _checked_out(engine, options)
-    progress.connected = True
-    with conn:
-        return body(conn, *args)
-
-
-def _release_for_good(*slots: HeldConnection) -> None:
-    for slot in slots:
-        slot.release(for_good=True)
+    either executor's settling read."""
+    with _checked_out(engine, options) as conn:
+        return body(conn)
 
 
 class AsyncExecutor:
@@ -534,14 +551,7 @@ class AsyncExecutor:
     async driver on this event loop.
     """
 
-    __slots__ = (
-        "_engine",
-        "_greenlets",
-        "_lock_timeout",
-        "_read_options",
-        "_sqlite",
-        "_write_options",
-    )
+    __slots__ = ("_engine", "_greenlets", "_lock_timeout", "_roles", "_sqlite")
 
     def __init__(self, engine: AsyncEngine) -> None:
         sync_engine = engine.sync_engine
@@ -552,12 +562,20 @@ class AsyncExecutor:
         # Only its run_sync is used, never the session: SQLAlchemy's public way to
         # run a function in a greenlet that awaits the async driver on this loop
         # without checking a connection out first (see _in_greenlet).
-        self._greenlets = AsyncSession()
-        self._write_options = write_options(sync_engine.dialect)
-        self._read_options = read_options(sync_engine.dialect)
+        self._greenlets = greenlets = AsyncSession()
+        keeps = keeps_between_calls(sync_engine.dialect)
+        self._roles = _Roles(
+            sync_engine.dialect,
+            reader=LoopHeldConnection(sync_engine, enabled=keeps, greenlets=greenlets),
+            writer=LoopHeldConnection(sync_engine, enabled=keeps, greenlets=greenlets),
+        )
         self._lock_timeout = lock_timeout_of(sync_engine)
         self._sqlite = sync_engine.dialect.name == "sqlite"
         track_for_fork(sync_engine)
+
+    async def close(self) -> None:
+        """Return the held connections; later calls check one out per call."""
+        await self._in_greenlet(self._roles.release_for_good)
 
     async def run(self, operation: Operation[T]) -> T:
         """Run *operation*; a cancelled caller gets CancelledError once the call has ended.
@@ -615,14 +633,20 @@ class AsyncExecutor:
             lock.release()
 
     async def _attempt(self, operation: Operation[T], budget: float) -> T:
-        """Check a connection out, run the operation's transaction on it, check it back
-        in -- repeating it as the sync executor does (``_retry_delay``)."""
-        options = self._write_options if operation.writes else self._read_options
+        """Run the operation's transaction (``_on_held_connection``) in a greenlet,
+        repeating it as the sync executor does (``_retry_delay``)."""
+        sync_engine = self._engine.sync_engine
         for attempt in itertools.count(1):
             progress = _Progress()
             try:
                 return await self._in_greenlet(
-                    options, progress, run_in_transaction, operation, budget
+                    _on_held_connection,
+                    sync_engine,
+                    self._roles,
+                    attempt > 1,
+                    progress,
+                    operation,
+                    budget,
                 )
             except CommitOutcomeUnknown as lost:
                 if operation.settle is None or attempt > 1:
@@ -643,24 +667,18 @@ class AsyncExecutor:
     ) -> T | None:
         """What a write whose COMMIT was lost did, read on a new connection."""
         try:
-            return await self._in_greenlet(self._read_options, _Progress(), settle)
+            return await self._in_greenlet(
+                _on_own_connection, self._engine.sync_engine, self._roles.read_options, settle
+            )
         except DBAPIError:
             raise lost from None  # still unknown
 
-    async def _in_greenlet(
-        self,
-        options: Mapping[str, Any],
-        progress: _Progress,
-        body: Callable[..., T],
-        *args: Any,
-    ) -> T:
-        """*body* on a connection of its own, checkout to check-in in one greenlet.
+    async def _in_greenlet(self, body: Callable[..., T], *args: Any) -> T:
+        """``body(*args)`` in a greenlet whose database calls await the async driver.
 
+        An attempt's checkout, transaction and check-in all run in one:
         ``AsyncConnection.start()``, ``run_sync()`` and ``close()`` would each start
-        a greenlet and go round the event loop; one greenlet for the three cost
-        17% less CPU per ``get_run`` on psycopg (issue 21).
+        a greenlet and go round the event loop (17% more CPU per ``get_run`` on
+        psycopg: issue 21).
         """
-        sync_engine = self._engine.sync_engine
-        return await self._greenlets.run_sync(
-            lambda _session: _on_own_connection(sync_engine, options, progress, body, *args)
-        )
+        return await self._greenlets.run_sync(lambda _session: body(*args))

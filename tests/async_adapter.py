@@ -34,9 +34,19 @@ class LoopThread:
         return asyncio.run_coroutine_threadsafe(awaitable, self.loop).result()
 
     def stop(self) -> None:
+        # As asyncio.run() ends a loop: the tasks left (the keepers of held
+        # connections among them) are cancelled and finish on it first.
+        self.call(_cancel_the_rest())
         self.loop.call_soon_threadsafe(self.loop.stop)
         self._thread.join()
         self.loop.close()
+
+
+async def _cancel_the_rest() -> None:
+    rest = [task for task in asyncio.all_tasks() if task is not asyncio.current_task()]
+    for task in rest:
+        task.cancel()
+    await asyncio.gather(*rest, return_exceptions=True)
 
 
 async def _next(iterator: AsyncIterator[T]) -> tuple[bool, T | None]:

@@ -3,8 +3,9 @@
 Hundreds of calls are cancelled at random moments -- by ``asyncio.wait_for``
 timeouts and by ``Task.cancel()`` -- on aiosqlite, psycopg's asyncio mode and
 asyncpg. Afterwards every run's current visit equals its node runtime's visit
-(``update_node`` is never half-applied), no connection is checked out, the
-SQLite write lock is free, and PostgreSQL has no session left in a transaction.
+(``update_node`` is never half-applied), no connection stays checked out once
+what the projection holds between calls has expired, the SQLite write lock is
+free, and PostgreSQL has no session left in a transaction.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from relay_flow_projection import (
     RunStart,
     create_async_engine,
 )
+from relay_flow_projection.held_connection import HOLD_SECONDS
 
 RUNS = 8
 # Calls go on, 8 at a time, until this many were cancelled (at most MAX_CALLS).
@@ -114,7 +116,9 @@ def test_random_cancellations_leave_no_partial_write_or_held_resource(
                 await projection.update_node(f"r{index}", "running", "n0", "v-initial")
             unit = await _call_duration(projection)
             cancelled, completed = await _cancel_storm(projection, len(target), unit)
-            await asyncio.sleep(0.05)  # cancelled cleanups (rollback, check-in) finish
+            # Cancelled cleanups (rollback, check-in) finish, and the connections
+            # the projection keeps between calls expire and go back.
+            await asyncio.sleep(HOLD_SECONDS + 0.2)
             pool: Any = engine.sync_engine.pool
             checked_out = pool.checkedout()
             # The write lock is free and the database answers a write at once.

@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 from fakes import FakeClock
+from pool_counts import PoolCounts
 from sqlalchemy.engine import Engine
 from sqlalchemy.pool import NullPool, QueuePool
 
@@ -30,22 +31,6 @@ REAPED_WITHIN = 3 * HOLD_SECONDS
 
 def _start(run_id: str) -> RunStart:
     return RunStart(id=run_id, repo="repo", workflow="wf", ticket_id="t", ticket_key=run_id)
-
-
-class PoolCounts:
-    """Checkouts and new DBAPI connections of one engine's pool."""
-
-    def __init__(self, engine: Engine) -> None:
-        self.checkouts = 0
-        self.connects = 0
-        sa.event.listen(engine, "checkout", self._on_checkout)
-        sa.event.listen(engine, "connect", self._on_connect)
-
-    def _on_checkout(self, *_args: Any) -> None:
-        self.checkouts += 1
-
-    def _on_connect(self, *_args: Any) -> None:
-        self.connects += 1
 
 
 def _checked_out(engine: Engine) -> int:
