@@ -382,12 +382,7 @@ class SyncExecutor:
     def __init__(self, engine: Engine) -> None:
         dialect_name(engine.dialect)  # refuse unsupported databases up front
         self._engine = engine
-        keeps = keeps_between_calls(engine.dialect)
-        self._roles = _Roles(
-            engine.dialect,
-            reader=HeldConnection(engine, enabled=keeps),
-            writer=HeldConnection(engine, enabled=keeps),
-        )
+        self._roles = _Roles(engine.dialect, lambda keeps: HeldConnection(engine, enabled=keeps))
         self._lock_timeout = lock_timeout_of(engine)
         self._sqlite = engine.dialect.name == "sqlite"
         track_for_fork(engine)
@@ -462,11 +457,13 @@ class _Roles:
 
     __slots__ = ("read_options", "reader", "write_options", "writer")
 
-    def __init__(self, dialect: Dialect, *, reader: HeldConnection, writer: HeldConnection):
+    def __init__(self, dialect: Dialect, slot: Callable[[bool], HeldConnection]) -> None:
+        """*slot(enabled)*: the executor's kind of HeldConnection, one per role."""
         self.read_options = read_options(dialect)
         self.write_options = write_options(dialect)
-        self.reader = reader
-        self.writer = writer
+        keeps = keeps_between_calls(dialect)
+        self.reader = slot(keeps)
+        self.writer = slot(keeps)
 
     def release(self) -> None:
         """Return what both hold: after an outage, which may have broken it too."""
@@ -563,11 +560,9 @@ class AsyncExecutor:
         # run a function in a greenlet that awaits the async driver on this loop
         # without checking a connection out first (see _in_greenlet).
         self._greenlets = greenlets = AsyncSession()
-        keeps = keeps_between_calls(sync_engine.dialect)
         self._roles = _Roles(
             sync_engine.dialect,
-            reader=LoopHeldConnection(sync_engine, enabled=keeps, greenlets=greenlets),
-            writer=LoopHeldConnection(sync_engine, enabled=keeps, greenlets=greenlets),
+            lambda keeps: LoopHeldConnection(sync_engine, enabled=keeps, greenlets=greenlets),
         )
         self._lock_timeout = lock_timeout_of(sync_engine)
         self._sqlite = sync_engine.dialect.name == "sqlite"

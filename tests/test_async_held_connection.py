@@ -14,9 +14,8 @@ import gc
 import logging
 import time
 import warnings
-from collections.abc import Coroutine
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import pytest
 from async_adapter import LoopThread
@@ -28,7 +27,6 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from relay_flow_projection import AsyncRunProjection, RunStart, RunState, create_async_engine
 from relay_flow_projection.held_connection import HOLD_SECONDS
 
-T = TypeVar("T")
 T0 = FakeClock().now
 ON_EVERY_DRIVER = [
     pytest.mark.parametrize("dialect", ["sqlite", "postgresql"], indirect=True),
@@ -164,10 +162,6 @@ def test_dispose_closes_held_connections_at_once(
         assert not Path(f"{migrated_url}-wal").exists()
 
 
-def _on(loop: LoopThread, coroutine: Coroutine[Any, Any, T]) -> T:
-    return loop.call(coroutine)
-
-
 @pytest.mark.parametrize("dialect", ["sqlite"], indirect=True)
 def test_another_loop_neither_uses_nor_ends_them(migrated_url: str) -> None:
     """A projection used from a second event loop checks out its own connection there;
@@ -176,7 +170,7 @@ def test_another_loop_neither_uses_nor_ends_them(migrated_url: str) -> None:
     engine = create_async_engine(migrated_url)
     first = LoopThread()
     try:
-        projection = _on(first, _holding_both(engine))
+        projection = first.call(_holding_both(engine))
         counts = PoolCounts(engine.sync_engine)
 
         async def elsewhere() -> RunState:
@@ -191,7 +185,7 @@ def test_another_loop_neither_uses_nor_ends_them(migrated_url: str) -> None:
             time.sleep(0.05)
         assert _checked_out(engine) == 0
     finally:
-        _on(first, engine.dispose())
+        first.call(engine.dispose())
         first.stop()
 
 
